@@ -1,0 +1,221 @@
+/**
+ * Episode identity. An episode attempt is `{rollout_id, attempt}`; its capture key is `r` for
+ * attempt 0 and `r-aN` for attempt N ≥ 1. The key travels as the path prefix
+ * `/ng-rollout/<capture key>/…` on every data-plane call made for the episode; nothing else
+ * carries identity.
+ */
+import type { NextFunction, Request, Response } from 'express';
+
+import { InvalidRequestError, InvalidRolloutIdError } from './errors.js';
+
+export const ROLLOUT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/** `[1-9]` keeps `x-a0` and `x-a01` ordinary rollout ids, which makes the key mapping one-to-one. */
+const RESERVED_ATTEMPT_SUFFIX = /-a([1-9][0-9]*)$/;
+
+export const ROLLOUT_PATH_SEGMENT = 'ng-rollout';
+
+export interface EpisodeId {
+  readonly rollout_id: string;
+  readonly attempt: number;
+}
+
+/** Why `rolloutId` cannot name a rollout, or undefined when it can. */
+function rolloutIdProblem(rolloutId: unknown): string | undefined {
+  if (typeof rolloutId !== 'string') return 'rollout_id must be a string';
+  if (!ROLLOUT_ID_PATTERN.test(rolloutId)) {
+    return `rollout_id ${JSON.stringify(rolloutId)} must match ${ROLLOUT_ID_PATTERN.source}`;
+  }
+  if (RESERVED_ATTEMPT_SUFFIX.test(rolloutId)) {
+    return `rollout_id ${JSON.stringify(rolloutId)} must not end with the reserved attempt suffix '-a<N>'`;
+  }
+  return undefined;
+}
+
+function attemptProblem(attempt: unknown): string | undefined {
+  if (typeof attempt !== 'number' || !Number.isSafeInteger(attempt) || attempt < 0) {
+    return `attempt must be a non-negative safe integer, got ${JSON.stringify(attempt)}`;
+  }
+  return undefined;
+}
+
+/** Builds a validated episode id; a bad rollout id or attempt is 400 `invalid_rollout_id`. */
+export function episodeId(rolloutId: string, attempt = 0): EpisodeId {
+  const problem = rolloutIdProblem(rolloutId) ?? attemptProblem(attempt);
+  if (problem) throw new InvalidRolloutIdError(problem);
+  return { rollout_id: rolloutId, attempt };
+}
+
+/**
+ * Reads an episode id from a JSON value (`{"rollout_id", "attempt"?}`, no other keys), as a
+ * request body carries it. A bad value is 422 `invalid_request` naming `path`.
+ */
+export function episodeIdFromJson(value: unknown, path = 'episode_id'): EpisodeId {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
+    throw new InvalidRequestError(`${path}: must be an object with rollout_id and attempt`);
+  }
+  const { rollout_id, attempt = 0, ...extra } = value as Record<string, unknown>;
+  const unknownKeys = Object.keys(extra);
+  const problem =
+    (unknownKeys.length > 0 ? `unknown keys ${unknownKeys.join(', ')}` : undefined) ??
+    rolloutIdProblem(rollout_id) ??
+    attemptProblem(attempt);
+  if (problem) throw new InvalidRequestError(`${path}: ${problem}`);
+  return { rollout_id: rollout_id as string, attempt: attempt as number };
+}
+
+/** The JSON form written to records and control bodies: `rollout_id` first, then `attempt`. */
+export function episodeIdToJson(e: EpisodeId): { rollout_id: string; attempt: number } {
+  return { rollout_id: e.rollout_id, attempt: e.attempt };
+}
+
+export function captureKey(e: EpisodeId): string {
+  return e.attempt === 0 ? e.rollout_id : `${e.rollout_id}-a${e.attempt}`;
+}
+
+/** Parses a capture key back to its episode; a key that names no valid episode is 400 `invalid_rollout_id`. */
+export function parseCaptureKey(key: string): EpisodeId {
+  const match = RESERVED_ATTEMPT_SUFFIX.exec(key);
+  if (!match) return episodeId(key, 0);
+  const attempt = Number(match[1]);
+  if (!Number.isSafeInteger(attempt)) {
+    throw new InvalidRolloutIdError(`capture key ${JSON.stringify(key)} has an attempt beyond 2^53`);
+  }
+  return episodeId(key.slice(0, match.index), attempt);
+}
+
+/** True when `key` is a valid capture key. */
+export function isCaptureKey(key: string): boolean {
+  try {
+    parseCaptureKey(key);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export function nextAttempt(e: EpisodeId): EpisodeId {
+  return { rollout_id: e.rollout_id, attempt: e.attempt + 1 };
+}
+
+export function sameEpisode(a: EpisodeId, b: EpisodeId): boolean {
+  return a.rollout_id === b.rollout_id && a.attempt === b.attempt;
+}
+
+/** True when `other` is the same rollout at `e`'s attempt or an earlier one (what a retire of `e` stops). */
+export function covers(e: EpisodeId, other: EpisodeId): boolean {
+  return e.rollout_id === other.rollout_id && other.attempt <= e.attempt;
+}
+
+// --- the /ng-rollout/<capture key> path prefix -----------------------------------------------
+
+/** `/ng-rollout/<key>` for an episode or a capture key. */
+export function rolloutPathPrefix(episode: EpisodeId | string): string {
+  const key = typeof episode === 'string' ? captureKey(parseCaptureKey(episode)) : captureKey(episode);
+  return `/${ROLLOUT_PATH_SEGMENT}/${key}`;
+}
+
+/** `base` (trailing slashes dropped) + `/ng-rollout/<key>` + `path`. */
+export function withRolloutPrefix(baseUrl: string, episode: EpisodeId | string, path = ''): string {
+  return `${baseUrl.replace(/\/+$/, '')}${rolloutPathPrefix(episode)}${path}`;
+}
+
+export interface RolloutPath {
+  readonly captureKey: string;
+  readonly episode: EpisodeId;
+  /** The path after the prefix, always starting with `/` (query string kept). */
+  readonly rest: string;
+}
+
+const PREFIX_PATTERN = /^\/ng-rollout\/([^/?#]*)(.*)$/s;
+
+/**
+ * Splits a request URL into its rollout prefix and the rest. Undefined when the URL carries no
+ * prefix; 400 `invalid_rollout_id` when the prefix segment is not a valid capture key.
+ */
+export function parseRolloutPath(url: string): RolloutPath | undefined {
+  const match = PREFIX_PATTERN.exec(url);
+  if (!match) return undefined;
+  const key = decodeURIComponentSafe(match[1] ?? '');
+  const episode = parseCaptureKey(key);
+  let rest = match[2] ?? '';
+  if (!rest.startsWith('/')) rest = `/${rest}`;
+  return { captureKey: key, episode, rest };
+}
+
+function decodeURIComponentSafe(segment: string): string {
+  try {
+    return decodeURIComponent(segment);
+  } catch {
+    throw new InvalidRolloutIdError(`rollout path segment ${JSON.stringify(segment)} is not valid`);
+  }
+}
+
+const requestEpisodes = new WeakMap<Request, EpisodeId>();
+
+/** The episode the request's `/ng-rollout/<key>` prefix named, if any. */
+export function requestEpisode(req: Request): EpisodeId | undefined {
+  return requestEpisodes.get(req);
+}
+
+/**
+ * Express middleware: strips the `/ng-rollout/<key>` prefix from the URL so the routes behind it
+ * see their plain path, and binds the episode to the request (read it with `requestEpisode`).
+ * A malformed key is 400 `invalid_rollout_id` before any route runs.
+ */
+export function rolloutPrefixMiddleware() {
+  return (req: Request, _res: Response, next: NextFunction): void => {
+    let parsed: RolloutPath | undefined;
+    try {
+      parsed = parseRolloutPath(req.url);
+    } catch (err) {
+      next(err);
+      return;
+    }
+    if (parsed) {
+      requestEpisodes.set(req, parsed.episode);
+      req.url = parsed.rest;
+    }
+    next();
+  };
+}
+
+// --- identity of flat run bodies ---------------------------------------------------------------
+
+/**
+ * The episode a flat `/run` body names: an explicit `_ng_rollout_id` (which may itself end in
+ * `-aN`, how a controller names a replacement attempt), else `<_ng_task_index>-<_ng_rollout_index>`,
+ * at `_ng_attempt_index` (default 0). Undefined when the body names no rollout. An explicit id
+ * ending in `-aN` together with an attempt index above 0 would decode to no episode and is refused.
+ */
+export function episodeFromRunBody(body: unknown): EpisodeId | undefined {
+  if (typeof body !== 'object' || body === null) return undefined;
+  const row = body as Record<string, unknown>;
+  const attemptIndex = row._ng_attempt_index ?? 0;
+  if (attemptProblem(attemptIndex)) {
+    throw new InvalidRolloutIdError(
+      `_ng_attempt_index must be a non-negative integer, got ${JSON.stringify(attemptIndex)}`,
+    );
+  }
+  const attempt = attemptIndex as number;
+  const explicit = row._ng_rollout_id;
+  if (explicit !== undefined && explicit !== null) {
+    if (typeof explicit !== 'string' || !ROLLOUT_ID_PATTERN.test(explicit)) {
+      throw new InvalidRolloutIdError(
+        `_ng_rollout_id ${JSON.stringify(explicit)} must match ${ROLLOUT_ID_PATTERN.source}`,
+      );
+    }
+    const named = parseCaptureKey(explicit);
+    if (named.attempt > 0 && attempt > 0) {
+      throw new InvalidRolloutIdError(
+        `_ng_rollout_id ${JSON.stringify(explicit)} names attempt ${named.attempt} and cannot also take _ng_attempt_index ${attempt}`,
+      );
+    }
+    return named.attempt > 0 ? named : episodeId(named.rollout_id, attempt);
+  }
+  const task = row._ng_task_index;
+  const rollout = row._ng_rollout_index;
+  if (task === undefined || task === null || rollout === undefined || rollout === null) {
+    return undefined;
+  }
+  return episodeId(`${String(task)}-${String(rollout)}`, attempt);
+}
