@@ -1,0 +1,112 @@
+/**
+ * The control routes under `/ng-control/v1/checkpoint/`: `GET status`; `POST prepare, renew,
+ * retire, forget, commit, restore, resume`. The bearer token is checked first, in constant time,
+ * before the body is even read; then the body is parsed and validated once; then the plane runs
+ * under an AbortSignal tied to the client's connection. Every failure is a JSON error.
+ */
+import { timingSafeEqual } from 'node:crypto';
+
+import express, { type Express, type RequestHandler, type Router } from 'express';
+
+import { CHECKPOINT_ROUTE_PREFIX } from '../coordination.js';
+import { ConfigError, UnauthorizedError } from '../errors.js';
+import { errorMiddleware, requestSignal } from '../express.js';
+import type { Logger } from '../logging.js';
+import type { CheckpointRecord } from '../store.js';
+import type { ControlPlane } from './plane.js';
+import {
+  CONTROL_ROUTES,
+  CONTROL_VALIDATORS,
+  type ControlRequests,
+  type ControlRoute,
+} from './schemas.js';
+
+/** Commit and restore bodies name every continued episode: 100k ids are about 5 MB. */
+export const DEFAULT_CONTROL_BODY_LIMIT = '64mb';
+
+export interface ControlRouterOptions {
+  /** The `checkpoint.control_auth_token`; must not be empty. */
+  token: string;
+  bodyLimit?: string | number;
+  logger?: Logger;
+}
+
+/**
+ * Accepts exactly `Bearer <token>` (case-sensitive, one space, no trimming). The comparison takes
+ * the same time whatever the header holds, so the token cannot be guessed byte by byte.
+ */
+export function bearerAuth(token: string): RequestHandler {
+  const expected = Buffer.from(`Bearer ${token}`, 'utf8');
+  return (req, _res, next) => {
+    const given = Buffer.from(req.headers.authorization ?? '', 'utf8');
+    const sameLength = given.length === expected.length;
+    // Compare equal-length buffers either way so a length mismatch costs the same as a byte mismatch.
+    const equal = timingSafeEqual(sameLength ? given : expected, expected) && sameLength;
+    next(
+      equal
+        ? undefined
+        : new UnauthorizedError('missing or invalid checkpoint control bearer token'),
+    );
+  };
+}
+
+function dispatch<R extends CheckpointRecord>(
+  plane: ControlPlane<R>,
+  route: ControlRoute,
+  body: ControlRequests[ControlRoute],
+  signal: AbortSignal,
+): Promise<object> {
+  switch (route) {
+    case 'prepare':
+      return plane.prepare(body as ControlRequests['prepare'], signal);
+    case 'renew':
+      return plane.renew(body);
+    case 'retire':
+      return plane.retire(body as ControlRequests['retire'], signal);
+    case 'forget':
+      return plane.forget(body as ControlRequests['forget']);
+    case 'commit':
+      return plane.commit(body as ControlRequests['commit'], signal);
+    case 'restore':
+      return plane.restore(body as ControlRequests['restore'], signal);
+    case 'resume':
+      return plane.resume(body, signal);
+  }
+}
+
+export function controlRouter<R extends CheckpointRecord>(
+  plane: ControlPlane<R>,
+  options: ControlRouterOptions,
+): Router {
+  if (!options.token) {
+    throw new ConfigError('checkpoint control routes need a non-empty control_auth_token');
+  }
+  const router = express.Router();
+  router.use(bearerAuth(options.token));
+  const json = express.json({ limit: options.bodyLimit ?? DEFAULT_CONTROL_BODY_LIMIT });
+  router.get('/status', (_req, res) => {
+    res.json(plane.status());
+  });
+  for (const route of CONTROL_ROUTES) {
+    router.post(`/${route}`, json, async (req, res) => {
+      // Looked up per request (not captured) so the one validation is observable.
+      const body = CONTROL_VALIDATORS[route](req.body);
+      res.json(await dispatch(plane, route, body, requestSignal(req, res)));
+    });
+  }
+  router.use(errorMiddleware(options.logger));
+  return router;
+}
+
+/**
+ * Mounts the control routes on `app`. Call it only when checkpointing is enabled: a server without
+ * the routes answers 404, which is how discovery tells it takes no part.
+ */
+export function installControlPlane<R extends CheckpointRecord>(
+  app: Express,
+  plane: ControlPlane<R>,
+  token: string,
+  options: Omit<ControlRouterOptions, 'token'> = {},
+): void {
+  app.use(CHECKPOINT_ROUTE_PREFIX, controlRouter(plane, { ...options, token }));
+}

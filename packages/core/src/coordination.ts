@@ -1,0 +1,502 @@
+/**
+ * The controller side of the checkpoint protocol. Gym owns the participant order, so a training
+ * controller calls these functions instead of sequencing servers itself. They keep no state
+ * between calls: each is safe to retry with the same checkpoint id.
+ *
+ * Order: prepare environment → model → agent → resources (stop at the first stage not prepared);
+ * commit, restore and renew fan out to all at once; resume runs the prepare order in reverse and
+ * collects failures; retire and forget run callers first (environment, agent, model + resources).
+ */
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import { ConfigError } from './errors.js';
+import { ControlHttpError, getControl, postControl, type HttpClients } from './http-client.js';
+import {
+  captureKey,
+  episodeIdToJson,
+  nextAttempt,
+  parseCaptureKey,
+  type EpisodeId,
+} from './identity.js';
+import { createLogger, type Logger } from './logging.js';
+import {
+  isParticipantKind,
+  PREPARE_ORDER,
+  RETIRE_ORDER,
+  type ParticipantKind,
+} from './participant.js';
+import { serverUrl, type StackSettings } from './settings.js';
+
+export const CHECKPOINT_ROUTE_PREFIX = '/ng-control/v1/checkpoint';
+/** Added to a call's remaining deadline: the participant bounds its work, this covers the reply. */
+export const REPLY_SLACK_SECONDS = 5;
+/** A failed restore's cleanup gets at least this long, even when the restore's deadline passed. */
+export const RESTORE_CLEANUP_SECONDS = 30;
+export const DISCOVER_TRIES = 3;
+export const DISCOVER_TIMEOUT_SECONDS = 60;
+const DISCOVER_RETRY_SLEEP_MS = 500;
+
+/** Transport errors worth another try: the server was not (yet) there, or dropped the connection. */
+const CONNECTION_ERROR_CODES = new Set([
+  'ECONNREFUSED',
+  'ECONNRESET',
+  'EPIPE',
+  'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ENOTFOUND',
+  'EAI_AGAIN',
+]);
+
+export interface ParticipantMember {
+  /** The server's name in the stack file (the key replies and failures are reported under). */
+  readonly server: string;
+  readonly kind: ParticipantKind;
+  /** Base URL, e.g. `http://127.0.0.1:8101`. */
+  readonly url: string;
+}
+
+/** Where swallowed cleanup errors are reported; any `Logger` will do. */
+export type CoordinationLogger = Pick<Logger, 'warn'>;
+
+export interface Participants {
+  /** Sorted by prepare order, then server name. */
+  readonly members: readonly ParticipantMember[];
+  readonly token: string;
+  readonly clients: Pick<HttpClients, 'control'>;
+  /** Where swallowed cleanup errors go (default: a JSON logger on stdout). */
+  readonly logger?: CoordinationLogger;
+}
+
+export type ControlReply = Record<string, unknown>;
+/** Replies by server name. */
+export type Replies = Record<string, ControlReply>;
+
+/** One or more participants failed a coordination step; `failures` names every one of them. */
+export class CoordinationError extends Error {
+  constructor(
+    readonly operation: string,
+    readonly failures: Readonly<Record<string, string>>,
+  ) {
+    const servers = Object.keys(failures).sort();
+    const listed = servers.map((server) => `${server}: ${failures[server]}`).join('; ');
+    super(`checkpoint ${operation} failed on ${servers.length} participant(s): ${listed}`);
+    this.name = 'CoordinationError';
+  }
+}
+
+function memberOrder(a: ParticipantMember, b: ParticipantMember): number {
+  const byKind = PREPARE_ORDER.indexOf(a.kind) - PREPARE_ORDER.indexOf(b.kind);
+  if (byKind !== 0) return byKind;
+  return a.server < b.server ? -1 : a.server > b.server ? 1 : 0;
+}
+
+/** Participants from known members (discover builds them from status replies). */
+export function createParticipants(
+  members: Iterable<ParticipantMember>,
+  options: { token: string; clients: Pick<HttpClients, 'control'>; logger?: CoordinationLogger },
+): Participants {
+  const sorted = [...members].sort(memberOrder);
+  const names = new Set<string>();
+  for (const member of sorted) {
+    if (names.has(member.server)) {
+      throw new ConfigError(`participant ${member.server} is listed twice`);
+    }
+    names.add(member.server);
+  }
+  return {
+    members: sorted,
+    token: options.token,
+    clients: options.clients,
+    logger: options.logger,
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport.
+
+function nowSeconds(): number {
+  return Date.now() / 1000;
+}
+
+/** How long to wait for a reply: what is left of the deadline, plus the reply slack. */
+export function replyTimeoutMs(deadlineTs: number, now = nowSeconds()): number {
+  return (Math.max(deadlineTs - now, 0) + REPLY_SLACK_SECONDS) * 1000;
+}
+
+function routeUrl(baseUrl: string, route: string): string {
+  return `${baseUrl.replace(/\/+$/, '')}${CHECKPOINT_ROUTE_PREFIX}/${route}`;
+}
+
+function describeError(err: unknown): string {
+  if (err instanceof Error) return err.message || err.name;
+  return String(err);
+}
+
+/** Encoded once per fan-out: every participant gets the same bytes. */
+function encodeBody(body: Record<string, unknown>): Buffer {
+  return Buffer.from(JSON.stringify(body), 'utf8');
+}
+
+/**
+ * POSTs `body` to `route` on every member at once. Any failure fails the whole stage: its
+ * successful replies are discarded and every failing server is named.
+ */
+async function fanOut(
+  participants: Participants,
+  members: readonly ParticipantMember[],
+  route: string,
+  body: Buffer,
+  deadlineTs: number,
+): Promise<Replies> {
+  const timeoutMs = replyTimeoutMs(deadlineTs);
+  const settled = await Promise.allSettled(
+    members.map((member) =>
+      postControl(participants.clients.control, routeUrl(member.url, route), body, {
+        token: participants.token,
+        timeoutMs,
+      }),
+    ),
+  );
+  const replies: Replies = {};
+  const failures: Record<string, string> = {};
+  settled.forEach((outcome, index) => {
+    const server = (members[index] as ParticipantMember).server;
+    if (outcome.status === 'fulfilled') replies[server] = outcome.value;
+    else failures[server] = describeError(outcome.reason);
+  });
+  if (Object.keys(failures).length > 0) throw new CoordinationError(route, failures);
+  return replies;
+}
+
+function membersOfKinds(
+  participants: Participants,
+  kinds: readonly ParticipantKind[],
+): ParticipantMember[] {
+  return participants.members.filter((member) => kinds.includes(member.kind));
+}
+
+/** Runs `route` stage by stage; the first failing stage throws and later stages are not called. */
+async function inStages(
+  participants: Participants,
+  stages: readonly (readonly ParticipantKind[])[],
+  route: string,
+  body: Buffer,
+  deadlineTs: number,
+): Promise<Replies> {
+  const replies: Replies = {};
+  for (const kinds of stages) {
+    const members = membersOfKinds(participants, kinds);
+    if (members.length > 0)
+      Object.assign(replies, await fanOut(participants, members, route, body, deadlineTs));
+  }
+  return replies;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discover.
+
+export interface DiscoverTarget {
+  readonly name: string;
+  readonly url: string;
+}
+
+export interface DiscoverOptions {
+  token: string;
+  clients: Pick<HttpClients, 'control'>;
+  /** Connection attempts per server (connection errors only). */
+  tries?: number;
+  /** Bounds each server's whole probe, retries included. */
+  probeTimeoutSeconds?: number;
+  logger?: CoordinationLogger;
+}
+
+function stackTargets(stack: StackSettings): DiscoverTarget[] {
+  return [...stack.servers.values()]
+    .filter((server) => server.kind !== 'inference')
+    .map((server) => ({ name: server.name, url: serverUrl(stack, server.name) }));
+}
+
+function isConnectionError(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' && CONNECTION_ERROR_CODES.has(code);
+}
+
+/** One server's status: its member entry, or undefined when it does not take part (404). */
+async function probe(
+  target: DiscoverTarget,
+  options: DiscoverOptions,
+): Promise<ParticipantMember | undefined> {
+  const tries = options.tries ?? DISCOVER_TRIES;
+  const timeoutSeconds = options.probeTimeoutSeconds ?? DISCOVER_TIMEOUT_SECONDS;
+  const signal = AbortSignal.timeout(timeoutSeconds * 1000);
+  const url = routeUrl(target.url, 'status');
+  let lastError: unknown;
+  try {
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        const status = await getControl(options.clients.control, url, {
+          token: options.token,
+          signal,
+        });
+        if (!isParticipantKind(status.kind)) {
+          throw new Error(`unknown participant kind ${JSON.stringify(status.kind)}`);
+        }
+        return { server: target.name, kind: status.kind, url: target.url };
+      } catch (err) {
+        if (err instanceof ControlHttpError && err.status === 404) return undefined;
+        if (signal.aborted || !isConnectionError(err) || attempt >= tries) throw err;
+        lastError = err;
+      }
+      await sleep(DISCOVER_RETRY_SLEEP_MS, undefined, { signal });
+    }
+  } catch (err) {
+    if (!signal.aborted) throw err;
+    const last = lastError === undefined ? '' : ` (last error: ${describeError(lastError)})`;
+    throw new Error(`no status reply within ${timeoutSeconds} seconds${last}`);
+  }
+}
+
+/**
+ * Finds the participants: probes `GET status` on every gym server of the stack (or on each
+ * target) concurrently. A server answering 404 does not take part. A server that is down, never
+ * replies, fails, or reports an unknown kind is a failure; so is a deployment without a model.
+ */
+export async function discover(
+  stack: StackSettings | readonly DiscoverTarget[],
+  options: DiscoverOptions,
+): Promise<Participants> {
+  const targets = Array.isArray(stack)
+    ? (stack as readonly DiscoverTarget[])
+    : stackTargets(stack as StackSettings);
+  const settled = await Promise.allSettled(targets.map((target) => probe(target, options)));
+  const members: ParticipantMember[] = [];
+  const failures: Record<string, string> = {};
+  settled.forEach((outcome, index) => {
+    const target = targets[index] as DiscoverTarget;
+    if (outcome.status === 'rejected') failures[target.name] = describeError(outcome.reason);
+    else if (outcome.value) members.push(outcome.value);
+  });
+  if (Object.keys(failures).length > 0) throw new CoordinationError('discover', failures);
+  if (!members.some((member) => member.kind === 'model')) {
+    throw new CoordinationError('discover', {
+      deployment: 'no policy model takes part in checkpoints',
+    });
+  }
+  return createParticipants(members, options);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepare.
+
+/** String entries of `reply.report[field]`; a missing report or field is empty. */
+function reportKeys(reply: ControlReply, field: 'blockers' | 'restarts'): string[] {
+  const report = reply.report as Record<string, unknown> | undefined;
+  const keys = report?.[field];
+  return Array.isArray(keys) ? keys.filter((key): key is string => typeof key === 'string') : [];
+}
+
+export class PrepareResult {
+  constructor(
+    /** True when every participant replied `prepared`. */
+    readonly prepared: boolean,
+    /** Replies of every stage contacted. */
+    readonly replies: Readonly<Replies>,
+  ) {}
+
+  /** Capture keys still blocking, by server, for each reply not `prepared`. */
+  blockers(): Record<string, string[]> {
+    const out: Record<string, string[]> = {};
+    for (const [server, reply] of Object.entries(this.replies)) {
+      if (reply.phase !== 'prepared') out[server] = reportKeys(reply, 'blockers');
+    }
+    return out;
+  }
+
+  /** Episodes some participant cannot capture (a rollout restarts if any part of it does); sorted by key. */
+  restarts(): EpisodeId[] {
+    const keys = new Set(
+      Object.values(this.replies).flatMap((reply) => reportKeys(reply, 'restarts')),
+    );
+    return [...keys].sort().map(parseCaptureKey);
+  }
+
+  /** The commit scope: `episodeIds` in their order, minus the restarts. */
+  continued(episodeIds: readonly EpisodeId[]): EpisodeId[] {
+    const restarting = new Set(this.restarts().map(captureKey));
+    return episodeIds.filter((episode) => !restarting.has(captureKey(episode)));
+  }
+}
+
+/**
+ * Prepares stage by stage in prepare order, stopping at the first stage with a reply that is not
+ * `prepared` (later stages are never contacted). Each later stage is sent, as `restarts`, the
+ * restarts earlier stages reported, so it neither waits for nor exports them.
+ */
+export async function prepare(
+  participants: Participants,
+  checkpointId: string,
+  deadlineTs: number,
+): Promise<PrepareResult> {
+  const replies: Replies = {};
+  const carried = new Set<string>();
+  for (const kind of PREPARE_ORDER) {
+    const members = membersOfKinds(participants, [kind]);
+    if (members.length === 0) continue;
+    const body = encodeBody({
+      checkpoint_id: checkpointId,
+      deadline_ts: deadlineTs,
+      ...(carried.size > 0 ? { restarts: [...carried].sort() } : {}),
+    });
+    const stage = await fanOut(participants, members, 'prepare', body, deadlineTs);
+    Object.assign(replies, stage);
+    if (Object.values(stage).some((reply) => reply.phase !== 'prepared')) {
+      return new PrepareResult(false, replies);
+    }
+    for (const reply of Object.values(stage))
+      for (const key of reportKeys(reply, 'restarts')) carried.add(key);
+  }
+  return new PrepareResult(true, replies);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commit, restore, resume, renew, retire, forget.
+
+/**
+ * Commits on every participant at once. `episodeIds` names every continued episode: each one in
+ * flight (use `PrepareResult.continued`) and each unclaimed restored one, by its replacement attempt.
+ * Publishing the checkpoint is the controller's, after every commit succeeded; then resume.
+ */
+export function commit(
+  participants: Participants,
+  checkpointId: string,
+  checkpointDir: string,
+  episodeIds: readonly EpisodeId[],
+  deadlineTs: number,
+  options: { stop?: boolean } = {},
+): Promise<Replies> {
+  const body = encodeBody({
+    checkpoint_id: checkpointId,
+    deadline_ts: deadlineTs,
+    checkpoint_dir: checkpointDir,
+    episode_ids: episodeIds.map(episodeIdToJson),
+    ...(options.stop ? { stop: true } : {}),
+  });
+  return fanOut(participants, participants.members, 'commit', body, deadlineTs);
+}
+
+/**
+ * Restores on every participant, all or nothing. On failure it retires the replacement attempts
+ * everywhere and always resumes (both logged, never raised), then raises the restore's own error.
+ */
+export async function restore(
+  participants: Participants,
+  checkpointId: string,
+  checkpointDir: string,
+  episodeIds: readonly EpisodeId[],
+  deadlineTs: number,
+): Promise<Replies> {
+  const body = encodeBody({
+    checkpoint_id: checkpointId,
+    deadline_ts: deadlineTs,
+    checkpoint_dir: checkpointDir,
+    episode_ids: episodeIds.map(episodeIdToJson),
+  });
+  try {
+    return await fanOut(participants, participants.members, 'restore', body, deadlineTs);
+  } catch (restoreError) {
+    const logger = participants.logger ?? createLogger({ server: 'coordinator' });
+    const cleanupDeadline = Math.max(deadlineTs, nowSeconds() + RESTORE_CLEANUP_SECONDS);
+    try {
+      await retire(participants, checkpointId, episodeIds.map(nextAttempt), cleanupDeadline);
+    } catch (err) {
+      logger.warn('failed restore: retiring the replacement attempts failed', {
+        checkpoint_id: checkpointId,
+        error: describeError(err),
+      });
+    }
+    try {
+      await resume(participants, checkpointId, cleanupDeadline);
+    } catch (err) {
+      logger.warn('failed restore: resume failed', {
+        checkpoint_id: checkpointId,
+        error: describeError(err),
+      });
+    }
+    throw restoreError;
+  }
+}
+
+/**
+ * Resumes in reverse prepare order. A failing stage does not stop later ones; every failure is
+ * raised together at the end (an unreachable participant resumes itself when its lease expires).
+ */
+export async function resume(
+  participants: Participants,
+  checkpointId: string,
+  deadlineTs: number,
+): Promise<Replies> {
+  const body = encodeBody({ checkpoint_id: checkpointId, deadline_ts: deadlineTs });
+  const replies: Replies = {};
+  const failures: Record<string, string> = {};
+  for (const kind of [...PREPARE_ORDER].reverse()) {
+    const members = membersOfKinds(participants, [kind]);
+    if (members.length === 0) continue;
+    try {
+      Object.assign(replies, await fanOut(participants, members, 'resume', body, deadlineTs));
+    } catch (err) {
+      if (!(err instanceof CoordinationError)) throw err;
+      Object.assign(failures, err.failures);
+    }
+  }
+  if (Object.keys(failures).length > 0) throw new CoordinationError('resume', failures);
+  return replies;
+}
+
+/** Extends every participant's lease, e.g. when publishing outlasts the last one. */
+export function renew(
+  participants: Participants,
+  checkpointId: string,
+  deadlineTs: number,
+): Promise<Replies> {
+  const body = encodeBody({ checkpoint_id: checkpointId, deadline_ts: deadlineTs });
+  return fanOut(participants, participants.members, 'renew', body, deadlineTs);
+}
+
+/**
+ * Retires attempts everywhere, callers before the servers they call; the first failing stage
+ * raises. Nothing is sent when `episodeIds` is empty. Refused while a checkpoint is open.
+ */
+export async function retire(
+  participants: Participants,
+  checkpointId: string,
+  episodeIds: readonly EpisodeId[],
+  deadlineTs: number,
+): Promise<Replies> {
+  if (episodeIds.length === 0) return {};
+  const body = encodeBody({
+    checkpoint_id: checkpointId,
+    deadline_ts: deadlineTs,
+    episode_ids: episodeIds.map(episodeIdToJson),
+  });
+  return inStages(participants, RETIRE_ORDER, 'retire', body, deadlineTs);
+}
+
+/**
+ * Ends the retired marks of rollouts done for good, in retire order. Sends each id once, sorted;
+ * nothing is sent when `rolloutIds` is empty.
+ */
+export async function forget(
+  participants: Participants,
+  checkpointId: string,
+  rolloutIds: Iterable<string>,
+  deadlineTs: number,
+): Promise<Replies> {
+  const unique = [...new Set(rolloutIds)].sort();
+  if (unique.length === 0) return {};
+  const body = encodeBody({
+    checkpoint_id: checkpointId,
+    deadline_ts: deadlineTs,
+    rollout_ids: unique,
+  });
+  return inStages(participants, RETIRE_ORDER, 'forget', body, deadlineTs);
+}

@@ -1,0 +1,215 @@
+/**
+ * Outgoing HTTP: two got clients on two keep-alive agents. Data calls (a `/run` parked for a
+ * checkpoint, a held model response) may hold every data connection to a host for minutes; control
+ * calls (prepare, commit, resume, generation cuts) travel on a reserved pool so they never queue
+ * behind them.
+ */
+import { Agent } from 'node:http';
+
+import got, { type Got, type Response } from 'got';
+
+import { ConfigError } from './errors.js';
+import {
+  DEFAULT_CONTROL_CONNECTION_LIMIT,
+  DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
+  type PoolLimits,
+} from './settings.js';
+
+/** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
+export const KEEP_ALIVE_IDLE_MS = 15_000;
+/** TCP keep-alive probes start after this much silence on a socket. */
+export const TCP_KEEP_ALIVE_INITIAL_DELAY_MS = 60_000;
+
+export const DEFAULT_CONTROL_POOL: PoolLimits = {
+  maxTotalSockets: DEFAULT_CONTROL_CONNECTION_LIMIT,
+  maxSockets: DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
+};
+export const DEFAULT_DATA_POOL: PoolLimits = { maxTotalSockets: 0, maxSockets: 0 };
+
+/** Pool limits per client; 0 or `Infinity` means unlimited. */
+export interface HttpClientLimits {
+  readonly data?: PoolLimits;
+  readonly control?: PoolLimits;
+}
+
+export interface HttpClients {
+  /** Data-plane calls. got defaults otherwise; callers choose their own retries and timeouts. */
+  readonly data: Got;
+  /** Control calls only: no retries (coordination decides), no default timeout. */
+  readonly control: Got;
+  /** Destroys both pools' sockets. */
+  close(): void;
+}
+
+function agentLimit(pool: string, key: string, value: number): number {
+  if (value === Infinity || value === 0) return Infinity;
+  if (!Number.isSafeInteger(value) || value < 0) {
+    throw new ConfigError(
+      `${pool} pool ${key} must be an integer ≥ 0 (0 = unlimited), got ${value}`,
+    );
+  }
+  return value;
+}
+
+function keepAliveAgent(pool: string, limits: PoolLimits): Agent {
+  return new Agent({
+    keepAlive: true,
+    keepAliveMsecs: TCP_KEEP_ALIVE_INITIAL_DELAY_MS,
+    timeout: KEEP_ALIVE_IDLE_MS,
+    maxSockets: agentLimit(pool, 'maxSockets', limits.maxSockets),
+    maxTotalSockets: agentLimit(pool, 'maxTotalSockets', limits.maxTotalSockets),
+  });
+}
+
+/** Builds the data and control clients; a negative or fractional limit is a `ConfigError`. */
+export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
+  const dataAgent = keepAliveAgent('data', limits.data ?? DEFAULT_DATA_POOL);
+  const controlAgent = keepAliveAgent('control', limits.control ?? DEFAULT_CONTROL_POOL);
+  return {
+    data: got.extend({ agent: { http: dataAgent } }),
+    control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 } }),
+    close() {
+      dataAgent.destroy();
+      controlAgent.destroy();
+    },
+  };
+}
+
+/** A control call answered with a status other than 200. */
+export class ControlHttpError extends Error {
+  constructor(
+    readonly url: string,
+    /** The HTTP status received. */
+    readonly status: number,
+    /** `error.code` of the reply body, when the body has the standard error shape. */
+    readonly code: string | undefined,
+    /** `error.detail`, or the first 200 bytes of the body. */
+    readonly detail: string,
+  ) {
+    super([`HTTP ${status}`, code, detail.trim()].filter(Boolean).join(' '));
+    this.name = 'ControlHttpError';
+  }
+}
+
+/** A 200 reply whose body is not a JSON object. */
+export class ControlReplyError extends Error {
+  constructor(
+    readonly url: string,
+    detail: string,
+  ) {
+    super(`invalid control reply from ${url}: ${detail}`);
+    this.name = 'ControlReplyError';
+  }
+}
+
+/** No reply within the call's timeout (the connection may have been queued, open or replying). */
+export class ControlTimeoutError extends Error {
+  constructor(
+    readonly url: string,
+    readonly timeoutMs: number,
+  ) {
+    super(`no reply from ${url} within ${timeoutMs} ms`);
+    this.name = 'ControlTimeoutError';
+  }
+}
+
+export interface ControlCallOptions {
+  token: string;
+  /** Bounds the whole call, reply included; none when omitted. */
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
+const BODY_EXCERPT_BYTES = 200;
+
+/** The code and detail of a failed reply: the standard error shape when present, else the raw text. */
+function describeFailedReply(body: Buffer): { code: string | undefined; detail: string } {
+  const excerpt = body.subarray(0, BODY_EXCERPT_BYTES).toString('utf8');
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString('utf8'));
+  } catch {
+    return { code: undefined, detail: excerpt };
+  }
+  const error = (parsed as { error?: unknown } | null)?.error as
+    Record<string, unknown> | undefined;
+  const code = typeof error?.code === 'string' ? error.code : undefined;
+  const detail = typeof error?.detail === 'string' ? error.detail : excerpt;
+  return { code, detail };
+}
+
+/** Combines the caller's signal with the call's own timeout. */
+function callSignal(options: ControlCallOptions): { signal?: AbortSignal; timeout?: AbortSignal } {
+  const timeout =
+    options.timeoutMs === undefined ? undefined : AbortSignal.timeout(Math.ceil(options.timeoutMs));
+  const signals = [options.signal, timeout].filter((s): s is AbortSignal => s !== undefined);
+  const signal = signals.length > 1 ? AbortSignal.any(signals) : signals[0];
+  return { ...(signal ? { signal } : {}), ...(timeout ? { timeout } : {}) };
+}
+
+async function controlCall(
+  client: Got,
+  method: 'GET' | 'POST',
+  url: string,
+  body: Buffer | undefined,
+  options: ControlCallOptions,
+): Promise<Record<string, unknown>> {
+  const headers: Record<string, string> = { authorization: `Bearer ${options.token}` };
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  // A signal, not got's own request timeout: that one never fires while the request waits in
+  // the agent's queue for a socket.
+  const { signal, timeout } = callSignal(options);
+  let response: Response<Buffer>;
+  try {
+    response = await client(url, {
+      method,
+      body,
+      headers,
+      responseType: 'buffer',
+      throwHttpErrors: false,
+      retry: { limit: 0 },
+      ...(signal ? { signal } : {}),
+    });
+  } catch (err) {
+    if (timeout?.aborted && !options.signal?.aborted) {
+      throw new ControlTimeoutError(url, Math.ceil(options.timeoutMs ?? 0));
+    }
+    throw err;
+  }
+  if (response.statusCode !== 200) {
+    const { code, detail } = describeFailedReply(response.body);
+    throw new ControlHttpError(url, response.statusCode, code, detail);
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(response.body.toString('utf8'));
+  } catch (err) {
+    throw new ControlReplyError(url, `not JSON: ${(err as Error).message}`);
+  }
+  if (typeof parsed !== 'object' || parsed === null || Array.isArray(parsed)) {
+    throw new ControlReplyError(url, 'not a JSON object');
+  }
+  return parsed as Record<string, unknown>;
+}
+
+/**
+ * POSTs already-encoded JSON bytes with the control bearer, without retries; a non-200 reply is a
+ * `ControlHttpError`, a 200 is the parsed JSON object.
+ */
+export function postControl(
+  client: Got,
+  url: string,
+  body: Buffer,
+  options: ControlCallOptions,
+): Promise<Record<string, unknown>> {
+  return controlCall(client, 'POST', url, body, options);
+}
+
+/** GETs a control route (status) with the bearer, without retries; errors as `postControl`. */
+export function getControl(
+  client: Got,
+  url: string,
+  options: ControlCallOptions,
+): Promise<Record<string, unknown>> {
+  return controlCall(client, 'GET', url, undefined, options);
+}

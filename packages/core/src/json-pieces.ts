@@ -1,0 +1,376 @@
+/**
+ * JSON in pieces, for the record store. Records run to hundreds of KB, and a V8 string that large
+ * is a large-object allocation on fresh pages: on a VM where new pages are slow, building one
+ * string per record costs more than encoding or parsing it. These functions write and read the
+ * same text as `encodeJson` / `decodeJson` while building no string much longer than a piece: the
+ * containers near the top of a large value are walked here, everything smaller goes through the
+ * codec, so the codec stays the one place that decides what JSON means.
+ */
+import {
+  decodeJson,
+  encodeJson,
+  JsonDecodeError,
+  JsonEncodeError,
+  jsonKeys,
+  type JsonObject,
+  type JsonValue,
+} from './json.js';
+
+/** Receives encoded text in order. */
+export interface TextSink {
+  put(text: string): void;
+}
+
+/** Containers shallower than this are written child by child; deeper ones in one codec call. */
+const ENCODE_SPLIT_DEPTH = 4;
+/** Characters of a long string escaped per piece. */
+const STRING_PIECE_CHARS = 1 << 15;
+
+/**
+ * Writes `encodeJson(value)` to `out` in pieces. A value the codec cannot write throws its
+ * `JsonEncodeError`, with the path measured from `value`.
+ */
+export function encodeJsonPieces(value: unknown, out: TextSink): void {
+  const path: (string | number)[] = [];
+  try {
+    encodeValue(value, 0, path, out);
+  } catch (err) {
+    if (!(err instanceof JsonEncodeError) || path.length === 0) throw err;
+    // The codec saw only the piece at `path`: re-root its path at `value`.
+    const where = jsonPath(path) + err.path.slice(1);
+    const prefix = 'cannot encode ';
+    const suffix = ` at ${err.path}`;
+    const what =
+      err.message.startsWith(prefix) && err.message.endsWith(suffix)
+        ? err.message.slice(prefix.length, -suffix.length)
+        : err.message;
+    throw new JsonEncodeError(what, where);
+  }
+}
+
+function encodeValue(
+  value: unknown,
+  depth: number,
+  path: (string | number)[],
+  out: TextSink,
+): void {
+  if (typeof value === 'string') {
+    encodeString(value, out);
+  } else if (depth < ENCODE_SPLIT_DEPTH && Array.isArray(value)) {
+    out.put('[');
+    for (let i = 0; i < value.length;) {
+      if (i > 0) out.put(',');
+      const run = scalarRunEnd(value, i);
+      if (run > i + 1) {
+        // A run of numbers (token ids, say) in one call, not one call per number.
+        out.put(encodeJson(value.slice(i, run)).slice(1, -1));
+        i = run;
+        continue;
+      }
+      path.push(i);
+      encodeValue(value[i], depth + 1, path, out);
+      path.pop();
+      i += 1;
+    }
+    out.put(']');
+  } else if (depth < ENCODE_SPLIT_DEPTH && isPlainObject(value)) {
+    out.put('{');
+    const keys = jsonKeys(value);
+    for (let i = 0; i < keys.length; i++) {
+      const key = keys[i] as string;
+      out.put(`${i > 0 ? ',' : ''}${JSON.stringify(key)}:`);
+      path.push(key);
+      encodeValue(value[key], depth + 1, path, out);
+      path.pop();
+    }
+    out.put('}');
+  } else {
+    out.put(encodeJson(value)); // also what refuses anything that is not JSON
+  }
+}
+
+/** Elements written together at most. */
+const SCALAR_RUN = 4096;
+
+/** The end of the run of numbers, bigints, booleans and nulls from `start` (which never fail to encode). */
+function scalarRunEnd(array: readonly unknown[], start: number): number {
+  const limit = Math.min(array.length, start + SCALAR_RUN);
+  let i = start;
+  while (i < limit && i in array) {
+    const item = array[i];
+    const type = typeof item;
+    if (type !== 'number' && type !== 'bigint' && type !== 'boolean' && item !== null) break;
+    i++;
+  }
+  return i;
+}
+
+/** The codec's rule for a plain object: the prototype is null or some realm's Object.prototype. */
+function isPlainObject(value: unknown): value is Record<string, unknown> {
+  if (typeof value !== 'object' || value === null) return false;
+  const proto: unknown = Object.getPrototypeOf(value);
+  return proto === null || Object.getPrototypeOf(proto) === null;
+}
+
+/** `JSON.stringify(text)`, written in pieces that never split a surrogate pair. */
+function encodeString(text: string, out: TextSink): void {
+  if (text.length <= STRING_PIECE_CHARS) {
+    out.put(JSON.stringify(text));
+    return;
+  }
+  out.put('"');
+  for (let start = 0; start < text.length;) {
+    let end = Math.min(start + STRING_PIECE_CHARS, text.length);
+    const last = text.charCodeAt(end - 1);
+    if (end < text.length && last >= 0xd800 && last <= 0xdbff) end -= 1;
+    out.put(JSON.stringify(text.slice(start, end)).slice(1, -1));
+    start = end;
+  }
+  out.put('"');
+}
+
+const IDENTIFIER = /^[A-Za-z_$][\w$]*$/;
+
+/** `$.session.messages[3]`, in the codec's notation. */
+function jsonPath(path: readonly (string | number)[]): string {
+  let text = '$';
+  for (const step of path) {
+    if (typeof step === 'number') text += `[${step}]`;
+    else text += IDENTIFIER.test(step) ? `.${step}` : `[${JSON.stringify(step)}]`;
+  }
+  return text;
+}
+
+// --- decoding -------------------------------------------------------------------------------------
+
+/** Bytes decoded by one codec call at most (below V8's large-object size). */
+export const DECODE_PIECE_BYTES = 1 << 16;
+/** Large containers nested deeper than this are decoded whole rather than split further. */
+const DECODE_SPLIT_DEPTH = 64;
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COMMA = 0x2c;
+const COLON = 0x3a;
+const OPEN_BRACE = 0x7b;
+const CLOSE_BRACE = 0x7d;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACKET = 0x5d;
+
+function isWhitespace(byte: number | undefined): boolean {
+  return byte === 0x20 || byte === 0x0a || byte === 0x0d || byte === 0x09;
+}
+
+/**
+ * Decodes the UTF-8 JSON text in `bytes[start, end)` to what `decodeJson` gives for it as a
+ * string, and refuses exactly the texts it refuses. The caller checks the bytes are UTF-8.
+ * A large container is split into its members, which are decoded in batches of at most
+ * `pieceBytes`, so no string of the whole text is built. `JsonDecodeError.position` is a byte
+ * offset from `start` (for a problem inside a piece, the piece's own offset).
+ */
+export function decodeJsonPieces(
+  bytes: Buffer,
+  start = 0,
+  end = bytes.length,
+  pieceBytes = DECODE_PIECE_BYTES,
+): JsonValue {
+  let first = start;
+  let stop = end;
+  while (first < stop && isWhitespace(bytes[first])) first++;
+  while (stop > first && isWhitespace(bytes[stop - 1])) stop--;
+  return new PieceDecoder(bytes, start, pieceBytes).decode(first, stop, 0);
+}
+
+interface Member {
+  key: string;
+  start: number;
+  end: number;
+  /** A container too large for one piece: decoded by splitting it in turn. */
+  split: boolean;
+}
+
+class PieceDecoder {
+  constructor(
+    private readonly bytes: Buffer,
+    private readonly origin: number,
+    private readonly pieceBytes: number,
+  ) {}
+
+  /** The value that is exactly `[start, stop)`. */
+  decode(start: number, stop: number, depth: number): JsonValue {
+    const open = this.bytes[start];
+    const splits = stop - start > this.pieceBytes && depth < DECODE_SPLIT_DEPTH;
+    if (splits && open === OPEN_BRACKET) return this.decodeArray(start, stop, depth);
+    if (splits && open === OPEN_BRACE) return this.decodeObject(start, stop, depth);
+    return this.decodeText(start, stop, '', '');
+  }
+
+  private decodeText(start: number, stop: number, before: string, after: string): JsonValue {
+    const text = before + this.bytes.toString('utf8', start, stop) + after;
+    try {
+      return decodeJson(text);
+    } catch (err) {
+      if (!(err instanceof JsonDecodeError)) throw err;
+      throw new JsonDecodeError(`${err.message} in the piece`, start - this.origin);
+    }
+  }
+
+  private decodeArray(start: number, stop: number, depth: number): JsonValue[] {
+    const result: JsonValue[] = [];
+    // A batch is a run of small elements, decoded together as one array text.
+    let batchStart = -1;
+    let batchEnd = -1;
+    const flush = () => {
+      if (batchStart < 0) return;
+      for (const item of this.decodeText(batchStart, batchEnd, '[', ']') as JsonValue[]) {
+        result.push(item);
+      }
+      batchStart = -1;
+    };
+    let pos = this.skipWhitespace(start + 1, stop);
+    if (this.bytes[pos] === CLOSE_BRACKET) return this.closed(pos, stop, result);
+    for (;;) {
+      const valueEnd = this.valueEnd(pos, stop);
+      if (valueEnd - pos > this.pieceBytes && this.isContainer(pos)) {
+        flush();
+        result.push(this.decode(pos, valueEnd, depth + 1));
+      } else {
+        if (batchStart >= 0 && valueEnd - batchStart > this.pieceBytes) flush();
+        if (batchStart < 0) batchStart = pos;
+        batchEnd = valueEnd;
+      }
+      pos = this.skipWhitespace(valueEnd, stop);
+      if (this.bytes[pos] === COMMA) {
+        pos = this.skipWhitespace(pos + 1, stop);
+        continue;
+      }
+      if (this.bytes[pos] === CLOSE_BRACKET) break;
+      throw this.error("expected ',' or ']'", pos);
+    }
+    flush();
+    return this.closed(pos, stop, result);
+  }
+
+  /**
+   * A large object: a skeleton text of its keys and small values (a placeholder for the others)
+   * is decoded by the codec, so key order, `__proto__` and duplicate keys behave exactly as there;
+   * then the values left out are decoded and set in place.
+   */
+  private decodeObject(start: number, stop: number, depth: number): JsonObject {
+    const skeleton: string[] = [];
+    let skeletonBytes = 0;
+    const deferred = new Map<string, Member>(); // by key: a later duplicate replaces the value
+    let pos = this.skipWhitespace(start + 1, stop);
+    if (this.bytes[pos] === CLOSE_BRACE) return this.closed(pos, stop, {});
+    for (;;) {
+      if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
+      const keyEnd = this.stringEnd(pos, stop);
+      const keyText = this.bytes.toString('utf8', pos, keyEnd);
+      const key = this.keyOf(keyText, pos);
+      pos = this.skipWhitespace(keyEnd, stop);
+      if (this.bytes[pos] !== COLON) throw this.error("expected ':'", pos);
+      const valueStart = this.skipWhitespace(pos + 1, stop);
+      const valueEnd = this.valueEnd(valueStart, stop);
+      const size = valueEnd - valueStart;
+      deferred.delete(key);
+      if (size + skeletonBytes <= this.pieceBytes) {
+        skeleton.push(`${keyText}:${this.bytes.toString('utf8', valueStart, valueEnd)}`);
+        skeletonBytes += keyText.length + size + 2;
+      } else {
+        skeleton.push(`${keyText}:0`);
+        skeletonBytes += keyText.length + 3;
+        const split = size > this.pieceBytes && this.isContainer(valueStart);
+        deferred.set(key, { key, start: valueStart, end: valueEnd, split });
+      }
+      pos = this.skipWhitespace(valueEnd, stop);
+      if (this.bytes[pos] === COMMA) {
+        pos = this.skipWhitespace(pos + 1, stop);
+        continue;
+      }
+      if (this.bytes[pos] === CLOSE_BRACE) break;
+      throw this.error("expected ',' or '}'", pos);
+    }
+    this.closed(pos, stop, null);
+    const object = decodeJson(`{${skeleton.join(',')}}`) as JsonObject;
+    for (const member of deferred.values()) {
+      // Assignment keeps the key's place, and writes an own `__proto__` the codec created.
+      object[member.key] = member.split
+        ? this.decode(member.start, member.end, depth + 1)
+        : this.decodeText(member.start, member.end, '', '');
+    }
+    return object;
+  }
+
+  /** A key as the codec reads it (validating its escapes). */
+  private keyOf(keyText: string, at: number): string {
+    try {
+      return decodeJson(keyText) as string;
+    } catch (err) {
+      if (!(err instanceof JsonDecodeError)) throw err;
+      throw new JsonDecodeError(`invalid key: ${err.message}`, at - this.origin);
+    }
+  }
+
+  /** Checks the container's closing byte at `pos` is the last byte of its text. */
+  private closed<T>(pos: number, stop: number, value: T): T {
+    if (pos !== stop - 1) throw this.error('unexpected text after the JSON value', pos + 1);
+    return value;
+  }
+
+  private isContainer(pos: number): boolean {
+    const byte = this.bytes[pos];
+    return byte === OPEN_BRACE || byte === OPEN_BRACKET;
+  }
+
+  /** The end of the value starting at `pos`: brackets matched, strings skipped, nothing decoded. */
+  private valueEnd(pos: number, stop: number): number {
+    const { bytes } = this;
+    const first = bytes[pos];
+    if (first === QUOTE) return this.stringEnd(pos, stop);
+    if (first === OPEN_BRACE || first === OPEN_BRACKET) {
+      let depth = 0;
+      for (let i = pos; i < stop; i++) {
+        const byte = bytes[i];
+        if (byte === QUOTE) {
+          i = this.stringEnd(i, stop) - 1;
+        } else if (byte === OPEN_BRACE || byte === OPEN_BRACKET) {
+          depth++;
+        } else if ((byte === CLOSE_BRACE || byte === CLOSE_BRACKET) && --depth === 0) {
+          return i + 1;
+        }
+      }
+      throw this.error('unterminated container', pos);
+    }
+    let i = pos;
+    while (i < stop) {
+      const byte = bytes[i];
+      if (byte === COMMA || byte === CLOSE_BRACE || byte === CLOSE_BRACKET || isWhitespace(byte))
+        break;
+      i++;
+    }
+    if (i === pos) throw this.error('expected a JSON value', pos);
+    return i;
+  }
+
+  /** The end (after the closing quote) of the string opening at `pos`. */
+  private stringEnd(pos: number, stop: number): number {
+    const { bytes } = this;
+    for (let from = pos + 1; ;) {
+      const quote = bytes.indexOf(QUOTE, from);
+      if (quote === -1 || quote >= stop) throw this.error('unterminated string', pos);
+      let backslashes = 0;
+      while (bytes[quote - 1 - backslashes] === BACKSLASH) backslashes++;
+      if (backslashes % 2 === 0) return quote + 1;
+      from = quote + 1;
+    }
+  }
+
+  private skipWhitespace(pos: number, stop: number): number {
+    while (pos < stop && isWhitespace(this.bytes[pos])) pos++;
+    return pos;
+  }
+
+  private error(problem: string, pos: number): JsonDecodeError {
+    return new JsonDecodeError(problem, pos - this.origin);
+  }
+}

@@ -1,0 +1,106 @@
+/**
+ * Server bootstrap shared by every gym server: the rollout-prefix middleware, a health route, the
+ * control plane (only when checkpointing is enabled), JSON errors for everything, and a listener
+ * that closes cleanly. A server package builds its routes between `createGymApp` and `finish`.
+ */
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import express, { type Express } from 'express';
+
+import { ControlPlane, type ControlPlaneOptions, installControlPlane } from './control/index.js';
+import { ConfigError } from './errors.js';
+import { errorMiddleware, notFoundMiddleware } from './express.js';
+import { rolloutPrefixMiddleware } from './identity.js';
+import { createLogger, type Logger } from './logging.js';
+import type { Participant } from './participant.js';
+import type { CheckpointSettings, ServerKind } from './settings.js';
+import type { CheckpointRecord } from './store.js';
+
+export interface GymAppOptions<R extends CheckpointRecord> {
+  /** The server's name in the stack file; also its checkpoint instance. */
+  name: string;
+  kind: ServerKind;
+  /** Undefined when checkpointing is off: no control routes, no participant. */
+  checkpoint: CheckpointSettings | undefined;
+  participant?: Participant<R>;
+  logger?: Logger;
+  plane?: Omit<ControlPlaneOptions, 'leaseGraceSeconds' | 'logger'>;
+}
+
+export interface GymApp<R extends CheckpointRecord> {
+  readonly app: Express;
+  readonly logger: Logger;
+  /** The control plane, present exactly when checkpointing is on. */
+  readonly plane: ControlPlane<R> | undefined;
+  /** Mounts the JSON 404 and error handlers; call after the server's own routes. */
+  finish(): Express;
+}
+
+export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<R>): GymApp<R> {
+  const logger = options.logger ?? createLogger({ server: options.name, kind: options.kind });
+  const app = express();
+  app.disable('x-powered-by');
+  app.set('etag', false);
+  app.get('/health', (_req, res) => {
+    res.json({ status: 'ok', name: options.name, kind: options.kind });
+  });
+
+  let plane: ControlPlane<R> | undefined;
+  if (options.checkpoint) {
+    if (!options.participant) {
+      throw new ConfigError(`server ${options.name}: checkpointing is on but it has no participant`);
+    }
+    plane = new ControlPlane(options.participant, {
+      ...options.plane,
+      leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
+      logger,
+    });
+    installControlPlane(app, plane, options.checkpoint.controlAuthToken, { logger });
+  }
+  app.use(rolloutPrefixMiddleware());
+
+  return {
+    app,
+    logger,
+    plane,
+    finish() {
+      app.use(notFoundMiddleware());
+      app.use(errorMiddleware(logger));
+      return app;
+    },
+  };
+}
+
+export interface ListeningServer {
+  readonly server: Server;
+  readonly host: string;
+  readonly port: number;
+  readonly url: string;
+  /** Stops accepting, ends idle keep-alive connections, and resolves once the server closed. */
+  close(): Promise<void>;
+}
+
+/** Listens on `host:port` (0 picks a free port) and resolves with the bound address. */
+export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<ListeningServer> {
+  return new Promise((resolve, reject) => {
+    const server = app.listen(port, host);
+    server.once('error', reject);
+    server.once('listening', () => {
+      server.off('error', reject);
+      const bound = (server.address() as AddressInfo).port;
+      const urlHost = host.includes(':') ? `[${host}]` : host === '0.0.0.0' ? '127.0.0.1' : host;
+      resolve({
+        server,
+        host,
+        port: bound,
+        url: `http://${urlHost}:${bound}`,
+        close: () =>
+          new Promise<void>((done) => {
+            server.close(() => done());
+            server.closeIdleConnections();
+          }),
+      });
+    });
+  });
+}

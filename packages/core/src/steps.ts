@@ -1,0 +1,463 @@
+/**
+ * Episode steps: where each live episode can continue. An episode is a sequence of steps; after
+ * each completed step its owner records a boundary (a JSON object naming the next step and what it
+ * needs), and a checkpoint is always taken at boundaries. Shared by the environment and agent
+ * participants.
+ *
+ * A step in flight when a checkpoint closes runs in `wait` mode (the checkpoint waits for it, then
+ * the episode parks at its next boundary) or `replay` mode (the checkpoint does not wait: the
+ * boundary before the step is exported and the step runs again after a crash).
+ */
+import { CheckpointError, DeadlineExceededError, StaleAttemptError } from './errors.js';
+import type { JsonObject } from './json.js';
+import { MAX_REPORTED_BLOCKERS } from './participant.js';
+
+export type StepMode = 'wait' | 'replay';
+export type EpisodeState = 'running' | 'wait_step' | 'replay_step' | 'parked';
+export type Boundary = JsonObject;
+/**
+ * A boundary, or a builder called only when the boundary is exported. A builder exported while its
+ * episode is inside a replay step runs concurrently with that step, so it must not read state the
+ * step changes.
+ */
+export type BoundaryInput = Boundary | (() => Boundary);
+
+export interface EpisodeFlags {
+  readonly state: EpisodeState;
+  readonly retired: boolean;
+  readonly restart: boolean;
+}
+
+export interface EpisodeView extends EpisodeFlags {
+  readonly finishing: boolean;
+}
+
+/**
+ * The blocking rule: an episode holds up a checkpoint while it is being retired, or while it is
+ * between boundaries or inside a wait step, unless it is a restart (which is never captured).
+ */
+export function isBlocking(episode: EpisodeFlags): boolean {
+  return (
+    episode.retired ||
+    (!episode.restart && (episode.state === 'running' || episode.state === 'wait_step'))
+  );
+}
+
+/** The `limit` smallest keys in code-unit order, without sorting all of them. */
+export function smallestKeys(keys: Iterable<string>, limit: number): string[] {
+  const out: string[] = [];
+  if (limit <= 0) return out;
+  for (const key of keys) {
+    if (out.length >= limit && key >= out[out.length - 1]!) continue;
+    let lo = 0;
+    let hi = out.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (out[mid]! < key) lo = mid + 1;
+      else hi = mid;
+    }
+    out.splice(lo, 0, key);
+    if (out.length > limit) out.pop();
+  }
+  return out;
+}
+
+/** What an episode's work is given to record its progress. */
+export interface EpisodeContext {
+  readonly key: string;
+  /** Aborted by the first retire (unless finishing) or when the episode's deadline passes. */
+  readonly signal: AbortSignal;
+  /** The restored boundary this episode continues from, handed out once; null afterwards. */
+  continuation(): Boundary | null;
+  /** Records a boundary; while a checkpoint is open, parks here until resume. */
+  boundary(state: BoundaryInput): Promise<void>;
+  /** Runs one step in `mode`. */
+  step<T>(mode: StepMode, fn: () => Promise<T>): Promise<T>;
+  /** Marks the episode a restart once no checkpoint is open, so a checkpoint's restarts stay fixed. */
+  markRestart(): Promise<void>;
+  /** The final cleanup has started: from now on a retire waits for it and never aborts it. */
+  finishing(): void;
+}
+
+export interface RunOptions {
+  /** The restored boundary: handed out once by `continuation()` and exported until a new one. */
+  continuation?: Boundary | null;
+  /** Seconds of work allowed; time parked for a checkpoint does not count. None when omitted. */
+  deadlineSeconds?: number | null;
+  /** Start as a restart: never blocks (unless retired), never parks, never exported. */
+  restart?: boolean;
+}
+
+export interface EpisodeStepsOptions {
+  /** Readiness may have changed; called only while a checkpoint is open. */
+  onChange?: () => void;
+}
+
+/** A timer whose remaining time can be frozen and thawed. */
+class SuspendableDeadline {
+  private timer: NodeJS.Timeout | undefined;
+  private expiresAt = 0;
+  private remainingMs: number | null = null;
+  private over = false;
+
+  constructor(
+    ms: number,
+    private readonly onExpire: () => void,
+  ) {
+    this.arm(ms);
+  }
+
+  private arm(ms: number): void {
+    this.expiresAt = performance.now() + ms;
+    this.timer = setTimeout(() => {
+      this.over = true;
+      this.onExpire();
+    }, ms);
+  }
+
+  suspend(): void {
+    if (this.over || this.remainingMs !== null) return;
+    clearTimeout(this.timer);
+    this.remainingMs = Math.max(0, this.expiresAt - performance.now());
+  }
+
+  resume(): void {
+    if (this.over || this.remainingMs === null) return;
+    const ms = this.remainingMs;
+    this.remainingMs = null;
+    this.arm(ms);
+  }
+
+  cancel(): void {
+    this.over = true;
+    clearTimeout(this.timer);
+  }
+}
+
+class Episode implements EpisodeView {
+  state: EpisodeState = 'running';
+  retired = false;
+  finishing = false;
+  /** False once forgotten: a late call from a finished episode then changes nothing. */
+  tracked = true;
+  boundary: BoundaryInput | null;
+  continuation: Boundary | null;
+  deadline: SuspendableDeadline | undefined;
+  readonly controller = new AbortController();
+  /** Settles (never rejects) once the work has ended and the episode is forgotten. */
+  ended: Promise<void> = Promise.resolve();
+  private wakeup: Promise<void> | undefined;
+  private resolveWakeup: (() => void) | undefined;
+
+  constructor(
+    readonly key: string,
+    public restart: boolean,
+    continuation: Boundary | null,
+  ) {
+    this.boundary = continuation;
+    this.continuation = continuation;
+    this.controller.signal.addEventListener('abort', () => this.wake(), { once: true });
+  }
+
+  /** Resolves at the next wake(); waiters re-check their condition, so no wake-up is lost. */
+  nextWake(): Promise<void> {
+    this.wakeup ??= new Promise<void>((resolve) => {
+      this.resolveWakeup = resolve;
+    });
+    return this.wakeup;
+  }
+
+  wake(): void {
+    const resolve = this.resolveWakeup;
+    this.wakeup = undefined;
+    this.resolveWakeup = undefined;
+    resolve?.();
+  }
+
+  exportedBoundary(): Boundary | null {
+    if (typeof this.boundary === 'function') this.boundary = this.boundary();
+    return this.boundary;
+  }
+}
+
+/** Waits for `done`, or rejects with the signal's reason when the caller stops waiting. */
+function untilDone(done: Promise<void>, signal: AbortSignal | undefined): Promise<void> {
+  if (!signal) return done;
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<void>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    void done.then(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    });
+  });
+}
+
+export class EpisodeSteps {
+  private readonly episodes = new Map<string, Episode>();
+  private readonly onChange: (() => void) | undefined;
+  private isClosed = false;
+  /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
+  private blocking = 0;
+
+  constructor(options: EpisodeStepsOptions = {}) {
+    this.onChange = options.onChange;
+  }
+
+  /**
+   * Tracks the episode `key` while `work` runs and forgets it when the work settles. A key already
+   * tracked is refused (`checkpoint_error`) and the refused call touches nothing of the live one.
+   */
+  run<T>(
+    key: string,
+    options: RunOptions,
+    work: (episode: EpisodeContext) => Promise<T>,
+  ): Promise<T> {
+    if (this.episodes.has(key)) {
+      return Promise.reject(new CheckpointError(`episode ${key} is already running`));
+    }
+    const ep = new Episode(key, options.restart ?? false, options.continuation ?? null);
+    this.episodes.set(key, ep);
+    if (isBlocking(ep)) this.blocking += 1;
+    if (options.deadlineSeconds != null) {
+      const seconds = options.deadlineSeconds;
+      ep.deadline = new SuspendableDeadline(seconds * 1000, () =>
+        ep.controller.abort(
+          new DeadlineExceededError(`episode ${key} passed its deadline of ${seconds} s`),
+        ),
+      );
+    }
+    this.changed();
+
+    const context: EpisodeContext = {
+      key,
+      signal: ep.controller.signal,
+      continuation: () => {
+        const continuation = ep.continuation;
+        ep.continuation = null;
+        return continuation;
+      },
+      boundary: (state) => this.boundary(ep, state),
+      step: (mode, fn) => this.step(ep, mode, fn),
+      markRestart: () => this.markRestart(ep),
+      finishing: () => {
+        ep.finishing = true;
+      },
+    };
+    let working: Promise<T>;
+    try {
+      working = work(context);
+    } catch (err) {
+      working = Promise.reject(err);
+    }
+    const result = working.finally(() => this.end(ep));
+    ep.ended = result.then(
+      () => undefined,
+      () => undefined,
+    );
+    return result;
+  }
+
+  get closed(): boolean {
+    return this.isClosed;
+  }
+
+  /** A checkpoint closes admission: episodes park at their next boundary. */
+  close(): void {
+    this.isClosed = true;
+    for (const ep of this.episodes.values()) {
+      if (ep.state === 'parked' || ep.state === 'replay_step') ep.deadline?.suspend();
+    }
+  }
+
+  /** Resume: releases parked episodes and restarts their deadlines. */
+  open(): void {
+    this.isClosed = false;
+    for (const ep of this.episodes.values()) {
+      ep.deadline?.resume();
+      ep.wake();
+    }
+  }
+
+  /**
+   * Stops the episode and waits until its work has ended. It blocks from here on and stays tracked
+   * until then, so a retire cut short by `signal` leaves it for a retry, which waits again. Only
+   * an episode not yet finishing is aborted: a retire never interrupts final cleanup. An abort
+   * happens at most once (a signal aborts once), so a retry never interrupts the cleanup the first
+   * retire started.
+   */
+  async retire(key: string, signal?: AbortSignal): Promise<void> {
+    const ep = this.episodes.get(key);
+    if (!ep) return;
+    this.update(ep, () => {
+      ep.retired = true;
+    });
+    ep.wake();
+    if (!ep.finishing) ep.controller.abort(new StaleAttemptError(`episode ${key} was retired`));
+    await untilDone(ep.ended, signal);
+  }
+
+  blockerCount(): number {
+    return this.blocking;
+  }
+
+  /** The `limit` smallest blocking keys; no scan at all when nothing blocks. */
+  blockers(limit: number = MAX_REPORTED_BLOCKERS): string[] {
+    if (this.blocking === 0) return [];
+    const keys: string[] = [];
+    for (const ep of this.episodes.values()) if (isBlocking(ep)) keys.push(ep.key);
+    return smallestKeys(keys, limit);
+  }
+
+  /**
+   * Boundaries of the episodes a checkpoint continues: parked or inside a replay step, not retired,
+   * not restarts. Null means no boundary yet: the episode starts over from its input.
+   */
+  exported(): Map<string, Boundary | null> {
+    const out = new Map<string, Boundary | null>();
+    for (const ep of this.episodes.values()) {
+      if ((ep.state === 'parked' || ep.state === 'replay_step') && !ep.retired && !ep.restart) {
+        out.set(ep.key, ep.exportedBoundary());
+      }
+    }
+    return out;
+  }
+
+  /** Sorted keys of restarts not being retired. */
+  restarts(): string[] {
+    const out: string[] = [];
+    for (const ep of this.episodes.values()) if (ep.restart && !ep.retired) out.push(ep.key);
+    return out.sort();
+  }
+
+  /** A read-only view of a tracked episode's state and flags. */
+  state(key: string): EpisodeView | undefined {
+    const ep = this.episodes.get(key);
+    return (
+      ep && { state: ep.state, retired: ep.retired, restart: ep.restart, finishing: ep.finishing }
+    );
+  }
+
+  keys(): IterableIterator<string> {
+    return this.episodes.keys();
+  }
+
+  has(key: string): boolean {
+    return this.episodes.has(key);
+  }
+
+  get size(): number {
+    return this.episodes.size;
+  }
+
+  private changed(): void {
+    // Outside a checkpoint nobody waits on readiness, so a step costs nothing extra.
+    if (this.isClosed) this.onChange?.();
+  }
+
+  /** Applies a state or flag change, keeping the blocker count exact. */
+  private update(ep: Episode, mutate: () => void): void {
+    const before = ep.tracked && isBlocking(ep);
+    mutate();
+    const after = ep.tracked && isBlocking(ep);
+    if (before !== after) this.blocking += after ? 1 : -1;
+    this.changed();
+  }
+
+  private end(ep: Episode): void {
+    if (!ep.tracked) return;
+    if (isBlocking(ep)) this.blocking -= 1;
+    ep.tracked = false;
+    this.episodes.delete(ep.key);
+    ep.deadline?.cancel();
+    this.changed();
+  }
+
+  private async boundary(ep: Episode, state: BoundaryInput): Promise<void> {
+    ep.boundary = state;
+    if (!ep.tracked) return;
+    if (!this.isClosed || ep.restart) {
+      if (ep.state !== 'running') {
+        this.update(ep, () => {
+          ep.state = 'running';
+        });
+      }
+      return;
+    }
+    await this.park(ep);
+  }
+
+  /**
+   * Holds the episode at its boundary until admission reopens. A wake-up that finds a newer
+   * checkpoint closed keeps waiting; a retired episode is stopped with `stale_attempt`.
+   */
+  private async park(ep: Episode, cause?: unknown): Promise<void> {
+    this.update(ep, () => {
+      ep.state = 'parked';
+    });
+    ep.deadline?.suspend();
+    try {
+      while (true) {
+        if (ep.retired) {
+          throw new StaleAttemptError(
+            `episode ${ep.key} was retired while parked`,
+            cause === undefined ? undefined : { cause },
+          );
+        }
+        if (!this.isClosed) return;
+        await ep.nextWake();
+      }
+    } finally {
+      this.update(ep, () => {
+        ep.state = 'running';
+      });
+    }
+  }
+
+  private async step<T>(ep: Episode, mode: StepMode, fn: () => Promise<T>): Promise<T> {
+    if (ep.tracked) {
+      this.update(ep, () => {
+        ep.state = mode === 'wait' ? 'wait_step' : 'replay_step';
+      });
+      if (mode === 'replay' && this.isClosed) ep.deadline?.suspend();
+    }
+    let result: T;
+    try {
+      result = await fn();
+    } catch (err) {
+      if (ep.tracked && mode === 'replay' && this.isClosed) {
+        // Its failure cleanup may close sessions the earlier boundary needs: export it with no
+        // boundary (start over) and hold the failure until resume, so it neither blocks this
+        // checkpoint nor finishes and drops its record before the commit.
+        ep.boundary = null;
+        await this.park(ep, err);
+      } else {
+        this.leaveStep(ep);
+      }
+      throw err;
+    }
+    // A replay step that completes during a checkpoint stays at the boundary before it until its
+    // next boundary parks it with the step's result.
+    if (!(mode === 'replay' && this.isClosed)) this.leaveStep(ep);
+    return result;
+  }
+
+  /** Back between boundaries; a deadline suspended during the step was resumed by open(). */
+  private leaveStep(ep: Episode): void {
+    if (!ep.tracked) return;
+    this.update(ep, () => {
+      ep.state = 'running';
+    });
+  }
+
+  private async markRestart(ep: Episode): Promise<void> {
+    while (this.isClosed) {
+      if (ep.controller.signal.aborted) throw ep.controller.signal.reason;
+      await ep.nextWake();
+    }
+    this.update(ep, () => {
+      ep.restart = true;
+    });
+  }
+}

@@ -1,0 +1,743 @@
+/**
+ * The record store: each participant's checkpoint state is one records file and one manifest in
+ * `<checkpoint_dir>/gym/<kind>/<instance>/`. The records file (`records-<sha256>.jsonl`) holds one
+ * JSON object per line, `episode_id` first; the manifest is created last, exactly once, and names
+ * the records file with its digest and line count, so a directory that holds a manifest never
+ * changes. Writing and reading both stream: one record at a time, never the whole file in memory.
+ * Every failure is a typed `invalid_checkpoint_state` (422) naming the file or the episode.
+ */
+import { isUtf8 } from 'node:buffer';
+import { createHash, randomBytes, type Hash } from 'node:crypto';
+import type { FileHandle } from 'node:fs/promises';
+import { link, mkdir, open, readFile, rename, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
+
+import { CheckpointStateError } from './errors.js';
+import { fsyncDirectory, parentsUpTo } from './fsync.js';
+import { captureKey, episodeIdFromJson, type EpisodeId } from './identity.js';
+import {
+  decodeJson,
+  encodeJson,
+  JsonEncodeError,
+  type JsonObject,
+  type JsonValue,
+} from './json.js';
+import { decodeJsonPieces, encodeJsonPieces, type TextSink } from './json-pieces.js';
+
+export const STATE_SCHEMA_VERSION = 1;
+export const MANIFEST_FILE = 'manifest.json';
+/** Names of kinds and instances: one safe path component each (JS `$` matches only at the end). */
+export const SAFE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+/** `records.jsonl` is the legacy name, still accepted on read. */
+export const RECORDS_FILE_PATTERN = /^records(-[0-9a-f]{64})?\.jsonl$/;
+
+/** One episode's state as a participant exports it; `episode_id` is written first. */
+export interface CheckpointRecord {
+  episode_id: EpisodeId;
+  [field: string]: unknown;
+}
+
+export interface Manifest {
+  schema_version: typeof STATE_SCHEMA_VERSION;
+  kind: string;
+  instance: string;
+  checkpoint_id: string;
+  records_file: string;
+  records_sha256: string;
+  record_count: number;
+  [extra: string]: unknown;
+}
+
+const BASE_MANIFEST_KEYS = [
+  'schema_version',
+  'kind',
+  'instance',
+  'checkpoint_id',
+  'records_file',
+  'records_sha256',
+  'record_count',
+] as const;
+
+/** `<checkpointDir>/gym/<kind>/<instance>`; a name that is not one safe path component is refused. */
+export function participantDir(checkpointDir: string, kind: string, instance: string): string {
+  checkSafeName('kind', kind);
+  checkSafeName('instance', instance);
+  return join(checkpointDir, 'gym', kind, instance);
+}
+
+function checkSafeName(what: 'kind' | 'instance', name: string): void {
+  if (typeof name !== 'string' || !SAFE_NAME_PATTERN.test(name)) {
+    throw new CheckpointStateError(
+      `participant ${what} ${JSON.stringify(name)} is not a safe path component`,
+    );
+  }
+}
+
+// --- stopping a write ---------------------------------------------------------------------------
+
+/**
+ * Stops a records write (resume takes it). The writer checks it before each record, and its last
+ * check, the rename of its records file and the creation of the manifest run under this handle's
+ * lock, so once `stop()` resolves no manifest can appear.
+ */
+export class WriteStop {
+  #stopped = false;
+  #tail: Promise<void> = Promise.resolve();
+
+  get stopped(): boolean {
+    return this.#stopped;
+  }
+
+  /** Marks the write stopped, then waits for a publish already under way to finish. */
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    await this.locked(async () => undefined);
+  }
+
+  /** Runs `fn` under the publish lock (callers queue in order). */
+  async locked<T>(fn: () => Promise<T>): Promise<T> {
+    const previous = this.#tail;
+    let release!: () => void;
+    this.#tail = new Promise<void>((done) => (release = done));
+    await previous;
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+}
+
+// --- writing ------------------------------------------------------------------------------------
+
+export interface WriteParticipantStateOptions {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  checkpointId: string;
+  records: Iterable<CheckpointRecord> | AsyncIterable<CheckpointRecord>;
+  /** Participant keys merged into the manifest; they may not override the base keys. */
+  manifestExtra?: Record<string, unknown>;
+  stop?: WriteStop;
+}
+
+/**
+ * Streams `records` into `records-<sha256>.jsonl`, then creates `manifest.json` next to it (never
+ * replacing one). Everything is fsynced — the records file, the manifest, the participant directory
+ * and each parent up to `checkpointDir` — before the manifest's name appears. A directory that
+ * already holds the same manifest returns it (an idempotent re-commit); one holding another commit
+ * is refused. On any failure nothing of this write is left behind.
+ */
+export async function writeParticipantState(opts: WriteParticipantStateOptions): Promise<Manifest> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const extra = manifestExtra(opts.manifestExtra);
+  const stop = opts.stop ?? new WriteStop();
+  const recordsTemp = join(dir, `.records.jsonl.${randomSuffix()}`);
+  const manifestTemp = join(dir, `.manifest.json.${randomSuffix()}`);
+  const manifestPath = join(dir, MANIFEST_FILE);
+  let recordsPath: string | undefined; // set once our records file carries its final name
+  let published = false;
+  try {
+    await mkdir(dir, { recursive: true });
+    // The directories' own names are made durable while the records are written.
+    const parentsSynced = Promise.all(parentsUpTo(dir, opts.checkpointDir).map(fsyncDirectory));
+    parentsSynced.catch(() => undefined); // awaited below; an early failure must not go unhandled
+    const { digest, count } = await writeRecordsFile(
+      recordsTemp,
+      opts.records,
+      stop,
+      opts.checkpointId,
+    ).finally(() => parentsSynced);
+    const recordsFile = `records-${digest}.jsonl`;
+    const manifest: Manifest = {
+      schema_version: STATE_SCHEMA_VERSION,
+      kind: opts.kind,
+      instance: opts.instance,
+      checkpoint_id: opts.checkpointId,
+      records_file: recordsFile,
+      records_sha256: digest,
+      record_count: count,
+      ...extra,
+    };
+    const manifestText = manifestJson(manifest);
+    await writeSynced(manifestTemp, manifestText);
+    published = await stop.locked(async () => {
+      if (stop.stopped) throw stoppedError(opts.checkpointId);
+      await rename(recordsTemp, join(dir, recordsFile)); // same name means same bytes: replacing is safe
+      recordsPath = join(dir, recordsFile);
+      await fsyncDirectory(dir);
+      return createOnce(manifestTemp, manifestPath);
+    });
+    if (published) {
+      await fsyncDirectory(dir);
+      return manifest;
+    }
+    const existing = await loadExisting(manifestPath);
+    if (existing !== undefined && manifestJson(existing) === manifestText) {
+      return existing as Manifest;
+    }
+    throw new CheckpointStateError(`${manifestPath} already holds a different commit`);
+  } catch (err) {
+    if (!published && recordsPath !== undefined)
+      await discardUnlessPublished(recordsPath, manifestPath);
+    throw asStateError(err, `cannot write checkpoint state under ${dir}`);
+  } finally {
+    await removeQuietly(recordsTemp);
+    await removeQuietly(manifestTemp);
+  }
+}
+
+function manifestExtra(extra: Record<string, unknown> | undefined): JsonObject {
+  if (extra === undefined) return {};
+  const clash = BASE_MANIFEST_KEYS.find((key) => Object.hasOwn(extra, key));
+  if (clash !== undefined) {
+    throw new CheckpointStateError(`manifest extra key '${clash}' would override a manifest field`);
+  }
+  try {
+    // Round trip through the codec so the manifest we return equals the one a reader loads.
+    return decodeJson(encodeJson(extra)) as JsonObject;
+  } catch (err) {
+    throw new CheckpointStateError(`manifest extra is not JSON: ${describe(err)}`, { cause: err });
+  }
+}
+
+function stoppedError(checkpointId: string): CheckpointStateError {
+  return new CheckpointStateError(
+    `checkpoint ${JSON.stringify(checkpointId)} was resumed before its write finished`,
+  );
+}
+
+/** Writes the records to `path`, fsyncs it, and returns its digest and line count. */
+async function writeRecordsFile(
+  path: string,
+  records: Iterable<CheckpointRecord> | AsyncIterable<CheckpointRecord>,
+  stop: WriteStop,
+  checkpointId: string,
+): Promise<{ digest: string; count: number }> {
+  const handle = await open(path, 'wx');
+  try {
+    const out = new BatchedFileWriter(handle);
+    let count = 0;
+    for await (const record of records) {
+      if (stop.stopped) throw stoppedError(checkpointId);
+      writeRecordLine(record, out);
+      count += 1;
+      await out.throttle();
+    }
+    const digest = await out.finish();
+    await handle.sync();
+    return { digest, count };
+  } finally {
+    await handle.close(); // waits for writes still in flight after a failure
+  }
+}
+
+/**
+ * Writes one record line: `{"episode_id":{"rollout_id","attempt"}, ...the other fields in order}`,
+ * the same bytes as `encodeJson` of that object, then `\n`.
+ */
+function writeRecordLine(record: CheckpointRecord, out: BatchedFileWriter): void {
+  const { episode_id, ...fields } = record;
+  const episode = validEpisode(episode_id);
+  const line = {
+    episode_id: { rollout_id: episode.rollout_id, attempt: episode.attempt },
+    ...fields,
+  };
+  try {
+    encodeJsonPieces(line, out);
+  } catch (err) {
+    if (!(err instanceof JsonEncodeError)) throw err;
+    throw new CheckpointStateError(
+      `checkpoint record of episode '${captureKey(episode)}' is not JSON: ${err.message}`,
+      { cause: err },
+    );
+  }
+  out.put('\n');
+}
+
+function validEpisode(value: unknown, where = ''): EpisodeId {
+  try {
+    return episodeIdFromJson(value);
+  } catch (err) {
+    throw new CheckpointStateError(
+      `checkpoint record${where} has no valid episode_id: ${describe(err)}`,
+      {
+        cause: err,
+      },
+    );
+  }
+}
+
+/** Bytes per write. Small on purpose: fresh memory is slow to touch, and few buffers are reused. */
+const WRITE_BATCH_BYTES = 1 << 20;
+/** Batches being written while the next is filled. */
+const WRITES_IN_FLIGHT = 3;
+
+/**
+ * Appends text to a file through a few reused buffers: each full buffer is hashed, then written
+ * positionally while filling continues in the next, so disk writes overlap encoding and memory
+ * stays at a few buffers whatever the file size (plus, briefly, one record).
+ */
+class BatchedFileWriter implements TextSink {
+  readonly #handle: FileHandle;
+  readonly #hash: Hash = createHash('sha256');
+  readonly #free: Buffer[] = [];
+  readonly #inFlight: Promise<void>[] = [];
+  #buffer: Buffer = Buffer.allocUnsafeSlow(WRITE_BATCH_BYTES);
+  #used = 0;
+  #position = 0;
+  #failure: unknown;
+
+  constructor(handle: FileHandle) {
+    this.#handle = handle;
+  }
+
+  /** Appends `text` as UTF-8 (synchronously: full buffers start writing in the background). */
+  put(text: string): void {
+    // 3 bytes per UTF-16 unit bounds the UTF-8 size, so text known to fit is never cut.
+    const bound = text.length * 3;
+    if (this.#used + bound > this.#buffer.length) this.#submitCurrent();
+    if (bound > this.#buffer.length) {
+      this.#submit(Buffer.from(text, 'utf8'));
+      return;
+    }
+    this.#used += this.#buffer.write(text, this.#used);
+  }
+
+  /** Waits while too many writes are in flight; throws a write's failure. */
+  async throttle(): Promise<void> {
+    while (this.#inFlight.length > WRITES_IN_FLIGHT) await this.#inFlight.shift();
+    this.#throwIfFailed();
+  }
+
+  /** Writes what is buffered, waits for every write, and returns the hex SHA-256 of all bytes. */
+  async finish(): Promise<string> {
+    this.#submitCurrent();
+    await Promise.all(this.#inFlight);
+    this.#throwIfFailed();
+    return this.#hash.digest('hex');
+  }
+
+  #submitCurrent(): void {
+    if (this.#used === 0) return;
+    const full = this.#buffer;
+    const used = this.#used;
+    this.#buffer = this.#free.pop() ?? Buffer.allocUnsafeSlow(WRITE_BATCH_BYTES);
+    this.#used = 0;
+    this.#submit(full.subarray(0, used), full);
+  }
+
+  /** Hashes `bytes` and starts writing them; `reuse` is the buffer to recycle once written. */
+  #submit(bytes: Buffer, reuse?: Buffer): void {
+    this.#throwIfFailed();
+    this.#hash.update(bytes);
+    const position = this.#position;
+    this.#position += bytes.length;
+    // Never rejects: a failure is kept and thrown by the next throttle or finish.
+    const write = writeAll(this.#handle, bytes, position).then(
+      () => {
+        if (reuse) this.#free.push(reuse);
+      },
+      (err: unknown) => {
+        this.#failure ??= err;
+      },
+    );
+    this.#inFlight.push(write);
+  }
+
+  #throwIfFailed(): void {
+    if (this.#failure !== undefined) throw this.#failure;
+  }
+}
+
+async function writeAll(handle: FileHandle, bytes: Buffer, position: number): Promise<void> {
+  let offset = 0;
+  while (offset < bytes.length) {
+    const { bytesWritten } = await handle.write(
+      bytes,
+      offset,
+      bytes.length - offset,
+      position + offset,
+    );
+    offset += bytesWritten;
+  }
+}
+
+async function writeSynced(path: string, text: string): Promise<void> {
+  const handle = await open(path, 'wx');
+  try {
+    await writeAll(handle, Buffer.from(text, 'utf8'), 0);
+    await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/** Hard-links `temp` to `path`: true when created, false when `path` already existed. */
+async function createOnce(temp: string, path: string): Promise<boolean> {
+  try {
+    await link(temp, path);
+    return true;
+  } catch (err) {
+    if (errnoCode(err) === 'EEXIST') return false;
+    throw err;
+  }
+}
+
+/** The manifest at `path` as JSON, or undefined when it is unreadable or not JSON. */
+async function loadExisting(path: string): Promise<JsonValue | undefined> {
+  try {
+    return decodeJson(await readFile(path, 'utf8'));
+  } catch {
+    return undefined;
+  }
+}
+
+/** Deletes our records file unless a published manifest names it (then it is someone's commit). */
+async function discardUnlessPublished(recordsPath: string, manifestPath: string): Promise<void> {
+  const existing = await loadExisting(manifestPath);
+  const named = isJsonObject(existing) ? existing.records_file : undefined;
+  if (typeof named === 'string' && join(manifestPath, '..', named) === recordsPath) return;
+  await removeQuietly(recordsPath);
+}
+
+// --- the manifest's text --------------------------------------------------------------------------
+
+/**
+ * The manifest as Python's `json.dumps(sort_keys=True, indent=1)` writes it: one key per line,
+ * one-space indent per level, ASCII only, no trailing newline. Also the canonical form two
+ * manifests are compared in.
+ */
+function manifestJson(value: JsonValue | Manifest): string {
+  return indented(value as JsonValue, '');
+}
+
+function indented(value: JsonValue, indent: string): string {
+  if (typeof value === 'string') return asciiJsonString(value);
+  if (value === null || typeof value !== 'object') return encodeJson(value);
+  const inner = `${indent} `;
+  if (Array.isArray(value)) {
+    if (value.length === 0) return '[]';
+    return `[\n${value.map((item) => inner + indented(item, inner)).join(',\n')}\n${indent}]`;
+  }
+  const keys = Object.keys(value).sort();
+  if (keys.length === 0) return '{}';
+  const lines = keys.map(
+    (key) => `${inner}${asciiJsonString(key)}: ${indented(value[key] as JsonValue, inner)}`,
+  );
+  return `{\n${lines.join(',\n')}\n${indent}}`;
+}
+
+/** A JSON string with everything outside printable ASCII escaped, as Python's `ensure_ascii`. */
+function asciiJsonString(text: string): string {
+  return JSON.stringify(text).replace(
+    /[\u007f-\uffff]/g,
+    (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`,
+  );
+}
+
+// --- reading --------------------------------------------------------------------------------------
+
+export interface ReadParticipantStateOptions<R> {
+  checkpointDir: string;
+  kind: string;
+  instance: string;
+  /** Whether the episode is in the restore's scope; only those records are validated and kept. */
+  select: (key: string, episode: EpisodeId) => boolean;
+  /** Turns an in-scope record into the participant's type; a throw makes the restore fail. */
+  validate: (record: JsonObject, key: string) => R;
+}
+
+/**
+ * Reads a participant's state in one streaming pass: checks the manifest, then hashes and counts
+ * the whole records file while decoding and validating only the records in scope. Per-line
+ * problems are reported before a digest or count mismatch, as the file is read.
+ */
+export async function readParticipantState<R>(
+  opts: ReadParticipantStateOptions<R>,
+): Promise<{ manifest: Manifest; records: R[] }> {
+  const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  try {
+    const manifest = await readManifest(join(dir, MANIFEST_FILE), opts.kind, opts.instance);
+    const recordsPath = join(dir, manifest.records_file);
+    const records: R[] = [];
+    const { digest, count } = await scanLines(recordsPath, (line) => {
+      const record = readRecord(line, recordsPath, opts.select, opts.validate);
+      if (record !== SKIPPED) records.push(record);
+    });
+    if (digest !== manifest.records_sha256) {
+      throw new CheckpointStateError(`${recordsPath} does not match its manifest digest`);
+    }
+    if (count !== manifest.record_count) {
+      throw new CheckpointStateError(
+        `${recordsPath} expects ${manifest.record_count} records, found ${count}`,
+      );
+    }
+    return { manifest, records };
+  } catch (err) {
+    throw asStateError(err, `cannot read checkpoint state from ${dir}`);
+  }
+}
+
+async function readManifest(path: string, kind: string, instance: string): Promise<Manifest> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if (errnoCode(err) === 'ENOENT') throw new CheckpointStateError(`missing manifest ${path}`);
+    throw err;
+  }
+  let value: JsonValue;
+  try {
+    value = decodeJson(text);
+  } catch (err) {
+    throw new CheckpointStateError(`${path} is not JSON: ${describe(err)}`, { cause: err });
+  }
+  if (!isJsonObject(value)) throw new CheckpointStateError(`${path} is not a manifest`);
+  if (value.schema_version !== STATE_SCHEMA_VERSION) {
+    throw new CheckpointStateError(
+      `${path} has unsupported schema ${encodeJson(value.schema_version ?? null)}`,
+    );
+  }
+  if (value.kind !== kind || value.instance !== instance) {
+    throw new CheckpointStateError(
+      `${path} belongs to ${encodeJson(value.kind ?? null)}/${encodeJson(value.instance ?? null)}`,
+    );
+  }
+  if (typeof value.checkpoint_id !== 'string') {
+    throw new CheckpointStateError(`${path} names no checkpoint`);
+  }
+  const recordsFile = value.records_file;
+  if (typeof recordsFile !== 'string' || !RECORDS_FILE_PATTERN.test(recordsFile)) {
+    throw new CheckpointStateError(
+      `${path} names an invalid records file ${encodeJson(recordsFile ?? null)}`,
+    );
+  }
+  if (typeof value.records_sha256 !== 'string') {
+    throw new CheckpointStateError(`${path} names no records digest`);
+  }
+  const recordCount = value.record_count;
+  if (typeof recordCount !== 'number' || !Number.isSafeInteger(recordCount) || recordCount < 0) {
+    throw new CheckpointStateError(`${path} names no record count`);
+  }
+  return value as Manifest;
+}
+
+const SKIPPED = Symbol('out of scope');
+
+/** One line of the records file: its episode for every record, the validated record in scope. */
+function readRecord<R>(
+  line: Line,
+  recordsPath: string,
+  select: (key: string, episode: EpisodeId) => boolean,
+  validate: (record: JsonObject, key: string) => R,
+): R | typeof SKIPPED {
+  let record: JsonValue | undefined;
+  let episodeValue: unknown = episodeFromPrefix(line.bytes, line.start, line.end);
+  if (episodeValue === undefined) {
+    record = decodeLine(line, recordsPath);
+    episodeValue = isJsonObject(record) ? record.episode_id : undefined;
+  }
+  const episode = validEpisode(episodeValue, ` (line ${line.number} of ${recordsPath})`);
+  const key = captureKey(episode);
+  if (!select(key, episode)) return SKIPPED;
+  record ??= decodeLine(line, recordsPath);
+  try {
+    return validate(record as JsonObject, key);
+  } catch (err) {
+    throw new CheckpointStateError(
+      `checkpoint record of episode '${key}' is invalid: ${describe(err)}`,
+      { cause: err },
+    );
+  }
+}
+
+function decodeLine(line: Line, recordsPath: string): JsonValue {
+  try {
+    if (!isUtf8(line.bytes.subarray(line.start, line.end))) throw new Error('it is not UTF-8');
+    return decodeJsonPieces(line.bytes, line.start, line.end);
+  } catch (err) {
+    throw new CheckpointStateError(
+      `${recordsPath} holds a record that is not JSON (line ${line.number}): ${describe(err)}`,
+      { cause: err },
+    );
+  }
+}
+
+interface Line {
+  readonly bytes: Buffer;
+  readonly start: number;
+  readonly end: number;
+  /** 1-based. */
+  readonly number: number;
+}
+
+/** Bytes per read; two buffers alternate so the next read runs while a chunk is processed. */
+const READ_CHUNK_BYTES = 2 << 20;
+
+/**
+ * Reads `path` once in large chunks, calling `onLine` for every `\n`-terminated line (and a last
+ * unterminated one), and returns the SHA-256 and line count of the whole file.
+ */
+async function scanLines(
+  path: string,
+  onLine: (line: Line) => void,
+): Promise<{ digest: string; count: number }> {
+  const handle = await open(path, 'r');
+  try {
+    const hash = createHash('sha256');
+    const buffers = [
+      Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
+      Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
+    ];
+    const read = (index: number, position: number) =>
+      handle.read(buffers[index % 2] as Buffer, 0, READ_CHUNK_BYTES, position);
+    let position = 0;
+    let next = read(0, position);
+    let carry: Buffer[] = []; // a line split across chunks, copied out of the reused buffers
+    let count = 0;
+    for (let index = 0; ; index++) {
+      const { bytesRead, buffer } = await next;
+      if (bytesRead === 0) break;
+      position += bytesRead;
+      next = read(index + 1, position);
+      next.catch(() => undefined); // awaited next round; a failure meanwhile must not go unhandled
+      const chunk = buffer.subarray(0, bytesRead);
+      hash.update(chunk);
+      let start = 0;
+      for (let end = chunk.indexOf(0x0a); end !== -1; end = chunk.indexOf(0x0a, start)) {
+        count += 1;
+        if (carry.length > 0) {
+          const joined = Buffer.concat([...carry, chunk.subarray(start, end)]);
+          carry = [];
+          onLine({ bytes: joined, start: 0, end: joined.length, number: count });
+        } else {
+          onLine({ bytes: chunk, start, end, number: count });
+        }
+        start = end + 1;
+      }
+      if (start < bytesRead) carry.push(Buffer.from(chunk.subarray(start)));
+    }
+    if (carry.length > 0) {
+      count += 1;
+      const last = Buffer.concat(carry);
+      onLine({ bytes: last, start: 0, end: last.length, number: count });
+    }
+    return { digest: hash.digest('hex'), count };
+  } finally {
+    await handle.close();
+  }
+}
+
+// --- the episode of a line without decoding it ------------------------------------------------------
+
+/** Openings of `episode_id` as this store writes it (compact) and as Python's `json.dumps` does. */
+const EPISODE_PREFIXES = [
+  { open: Buffer.from('{"episode_id":{"rollout_id":"'), attempt: Buffer.from('","attempt":') },
+  { open: Buffer.from('{"episode_id": {"rollout_id": "'), attempt: Buffer.from('", "attempt": ') },
+];
+/** Longest attempt read from a prefix; longer ones take the full decode (and its error). */
+const MAX_ATTEMPT_DIGITS = 15;
+
+/**
+ * The `episode_id` of a line that starts in one of the known forms, read from its first bytes so
+ * an out-of-scope record is never decoded. Undefined when the line starts any other way; the
+ * caller then decodes the whole line.
+ */
+function episodeFromPrefix(
+  bytes: Buffer,
+  start: number,
+  end: number,
+): { rollout_id: string; attempt: number } | undefined {
+  for (const prefix of EPISODE_PREFIXES) {
+    if (!startsWith(bytes, start, end, prefix.open)) continue;
+    const idStart = start + prefix.open.length;
+    let i = idStart;
+    while (i < end && isRolloutIdByte(bytes[i] as number)) i++;
+    if (i === idStart || !startsWith(bytes, i, end, prefix.attempt)) return undefined;
+    const rolloutId = bytes.toString('latin1', idStart, i);
+    const digitsStart = i + prefix.attempt.length;
+    i = digitsStart;
+    while (i < end && isDigit(bytes[i] as number)) i++;
+    const digits = i - digitsStart;
+    if (
+      digits === 0 ||
+      digits > MAX_ATTEMPT_DIGITS ||
+      (digits > 1 && bytes[digitsStart] === 0x30)
+    ) {
+      return undefined;
+    }
+    // The episode object must close here and the record go on (`,`) or end (`}`).
+    if (bytes[i] !== 0x7d || (bytes[i + 1] !== 0x2c && bytes[i + 1] !== 0x7d)) return undefined;
+    return { rollout_id: rolloutId, attempt: Number(bytes.toString('latin1', digitsStart, i)) };
+  }
+  return undefined;
+}
+
+function startsWith(bytes: Buffer, at: number, end: number, prefix: Buffer): boolean {
+  return (
+    end - at >= prefix.length &&
+    bytes.compare(prefix, 0, prefix.length, at, at + prefix.length) === 0
+  );
+}
+
+/** `[A-Za-z0-9._-]`: the rollout id alphabet, which never needs a JSON escape. */
+function isRolloutIdByte(byte: number): boolean {
+  return (
+    (byte >= 0x61 && byte <= 0x7a) ||
+    (byte >= 0x41 && byte <= 0x5a) ||
+    isDigit(byte) ||
+    byte === 0x2e ||
+    byte === 0x5f ||
+    byte === 0x2d
+  );
+}
+
+function isDigit(byte: number): boolean {
+  return byte >= 0x30 && byte <= 0x39;
+}
+
+// --- small helpers ----------------------------------------------------------------------------------
+
+function isJsonObject(value: JsonValue | undefined): value is JsonObject {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function randomSuffix(): string {
+  return randomBytes(6).toString('hex');
+}
+
+/**
+ * True for a failed system call (Node's errors with `errno` and `syscall`): an OSError. Checked
+ * by shape, since they may come from another realm (a vm context) than this module's `Error`.
+ */
+function isSystemError(err: unknown): err is NodeJS.ErrnoException {
+  const e = err as { errno?: unknown; syscall?: unknown; message?: unknown } | null;
+  return (
+    typeof e?.errno === 'number' && typeof e.syscall === 'string' && typeof e.message === 'string'
+  );
+}
+
+function errnoCode(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+function describe(err: unknown): string {
+  const message = (err as { message?: unknown } | null)?.message;
+  return typeof message === 'string' ? message : String(err);
+}
+
+/** Typed errors pass through; a filesystem error becomes `invalid_checkpoint_state` with `context`. */
+function asStateError(err: unknown, context: string): unknown {
+  if (err instanceof CheckpointStateError) return err;
+  if (isSystemError(err)) {
+    return new CheckpointStateError(`${context}: ${err.message}`, { cause: err });
+  }
+  return err;
+}
+
+/** Best-effort cleanup: it runs on failure paths, where the original error is the one to report. */
+async function removeQuietly(path: string): Promise<void> {
+  await unlink(path).catch(() => undefined);
+}

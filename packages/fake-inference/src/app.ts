@@ -1,0 +1,275 @@
+/**
+ * The fake inference backend: OpenAI chat completions answered from a script, with control
+ * routes under `/_ctl/` that hold, gate and step calls and show what the backend saw.
+ */
+import { once } from 'node:events';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import {
+  ConfigError,
+  type ErrorLogger,
+  InvalidRequestError,
+  errorMiddleware,
+  notFoundMiddleware,
+  requestEpisode,
+  requestSignal,
+  rolloutPrefixMiddleware,
+} from '@ckpt-gym/core';
+import express, { type Express, type Request, type Response } from 'express';
+
+import { CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';
+import {
+  WaitQueue,
+  objectBody,
+  parseGateBody,
+  parseHoldBody,
+  parseKeepAliveBody,
+  parseReleaseBody,
+  parseStepBody,
+} from './holds.js';
+import {
+  type CompletionMeta,
+  completionBody,
+  completionChunks,
+  modelList,
+  parseChatRequest,
+  usage,
+} from './openai.js';
+import {
+  SCRIPTS,
+  type Script,
+  type ScriptName,
+  ScriptBook,
+  parseScript,
+  scriptedReply,
+} from './script.js';
+
+export const DEFAULT_MODEL = 'fake-model';
+
+export interface FakeInferenceOptions {
+  /** The model `/v1/models` lists and replies name when the request names none. */
+  readonly model?: string;
+  /** The default script; `weather` unless set. */
+  readonly script?: ScriptName | Script;
+  /** Interval of `: keep-alive` comments on held streamed calls; 0 (the default) sends none. */
+  readonly keepAliveMs?: number;
+  /** Where unexpected errors are logged (clients only see `internal_error`). */
+  readonly logger?: ErrorLogger;
+}
+
+export interface FakeInferenceState {
+  readonly model: string;
+  readonly calls: CallLog;
+  readonly tokens: TokenStore;
+  readonly queue: WaitQueue;
+  readonly scripts: ScriptBook;
+  keepAliveMs: number;
+}
+
+const SSE_HEADERS = {
+  'content-type': 'text/event-stream',
+  'cache-control': 'no-cache',
+  connection: 'keep-alive',
+};
+
+function startStream(res: Response): void {
+  if (!res.headersSent) res.writeHead(200, SSE_HEADERS);
+}
+
+/**
+ * Sends `: keep-alive` comments while a streamed call waits, which also sends the status line and
+ * headers before any data chunk (what a proxy must not mistake for the start of a response).
+ */
+function keepAliveWhileWaiting(res: Response, intervalMs: number): () => void {
+  if (intervalMs <= 0) return () => undefined;
+  const timer = setInterval(() => {
+    startStream(res);
+    res.write(': keep-alive\n\n');
+  }, intervalMs);
+  return () => clearInterval(timer);
+}
+
+async function chatCompletion(
+  state: FakeInferenceState,
+  req: Request,
+  res: Response,
+): Promise<void> {
+  const request = parseChatRequest(req.body);
+  const episode = requestEpisode(req);
+  const { record, rolloutCallIndex } = state.calls.admit({
+    episode,
+    n_messages: request.messages.length,
+    admission: request.admission,
+    stream: request.stream,
+  });
+  res.on('finish', () => {
+    record.returned = true;
+  });
+  res.on('close', () => {
+    if (!res.writableFinished) record.dropped = true;
+  });
+
+  // The answer is fixed at arrival: a script changed while the call waits does not change it.
+  const reply = scriptedReply(state.scripts.scriptFor(episode), request.messages, record.index);
+  const tokens = {
+    prompt_token_ids: promptTokens(request.messages),
+    completion_token_ids: completionTokens(reply),
+  };
+  state.tokens.put(record.index, tokens);
+
+  const reason = state.queue.reasonFor({ index: record.index, rolloutCallIndex });
+  if (reason) {
+    record.held = true;
+    const stopKeepAlive = request.stream
+      ? keepAliveWhileWaiting(res, state.keepAliveMs)
+      : () => undefined;
+    const released = await state.queue.wait(reason, requestSignal(req, res));
+    stopKeepAlive();
+    if (!released) return;
+  }
+
+  const meta: CompletionMeta = {
+    id: `chatcmpl-${record.index}`,
+    created: Math.floor(Date.now() / 1000),
+    model: request.model ?? state.model,
+  };
+  const use = usage(tokens.prompt_token_ids.length, tokens.completion_token_ids.length);
+  if (!request.stream) {
+    res.json(completionBody(meta, reply, use));
+    return;
+  }
+  startStream(res);
+  for (const chunk of completionChunks(meta, reply, use, request.includeUsage)) {
+    res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+  }
+  res.end('data: [DONE]\n\n');
+}
+
+function setScript(state: FakeInferenceState, body: unknown): string | null {
+  const { script, rollout } = objectBody(body, '/_ctl/script', ['script', 'rollout']);
+  const parsed = parseScript(script);
+  if (rollout === undefined || rollout === null) {
+    state.scripts.setDefault(parsed);
+    return null;
+  }
+  if (typeof rollout !== 'string')
+    throw new InvalidRequestError('rollout: must be a capture key or rollout id');
+  state.scripts.setFor(rollout, parsed);
+  return rollout;
+}
+
+function controlRoutes(state: FakeInferenceState): express.Router {
+  const router = express.Router();
+  const { queue } = state;
+  router.post('/hold', (req, res) => {
+    queue.setHold(parseHoldBody(req.body));
+    res.json({ ok: true, hold: queue.hold });
+  });
+  router.post('/release', (req, res) => {
+    parseReleaseBody(req.body);
+    res.json({ ok: true, released: queue.releaseAll() });
+  });
+  router.post('/gate', (req, res) => {
+    const closed = parseGateBody(req.body);
+    res.json({ ok: true, closed, released: queue.setGate(closed) });
+  });
+  router.post('/step', (req, res) => {
+    const released = queue.step(parseStepBody(req.body));
+    res.json({ ok: true, released, waiting: queue.waiting });
+  });
+  router.post('/script', (req, res) => {
+    res.json({ ok: true, rollout: setScript(state, req.body) });
+  });
+  router.post('/keepalive', (req, res) => {
+    state.keepAliveMs = parseKeepAliveBody(req.body);
+    res.json({ ok: true, interval_ms: state.keepAliveMs });
+  });
+  router.get('/calls', (_req, res) => {
+    res.json({ calls: state.calls.list() });
+  });
+  router.get('/call_count', (_req, res) => {
+    res.json({ count: state.calls.count });
+  });
+  router.get('/cuts', (_req, res) => {
+    res.json({ cuts: state.tokens.cutRounds() });
+  });
+  return router;
+}
+
+export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
+  app: Express;
+  state: FakeInferenceState;
+} {
+  const tokens = new TokenStore();
+  const keepAliveMs = options.keepAliveMs ?? 0;
+  if (!Number.isSafeInteger(keepAliveMs) || keepAliveMs < 0) {
+    throw new ConfigError(`keepAliveMs must be a non-negative integer, got ${keepAliveMs}`);
+  }
+  const state: FakeInferenceState = {
+    model: options.model ?? DEFAULT_MODEL,
+    calls: new CallLog(tokens),
+    tokens,
+    queue: new WaitQueue(),
+    scripts: new ScriptBook(
+      typeof options.script === 'string'
+        ? SCRIPTS[options.script]
+        : (options.script ?? SCRIPTS.weather),
+    ),
+    keepAliveMs,
+  };
+
+  const app = express();
+  app.disable('x-powered-by');
+  app.use(rolloutPrefixMiddleware());
+  app.use(express.json({ limit: '50mb' }));
+  app.get('/v1/models', (_req, res) => {
+    res.json(modelList(state.model));
+  });
+  app.post('/v1/chat/completions', (req, res) => chatCompletion(state, req, res));
+  app.use('/_ctl', controlRoutes(state));
+  app.use(notFoundMiddleware());
+  app.use(errorMiddleware(options.logger));
+  return { app, state };
+}
+
+export interface ListenOptions extends FakeInferenceOptions {
+  /** 0 (the default) picks a free port. */
+  readonly port?: number;
+  /** Default 127.0.0.1. */
+  readonly host?: string;
+}
+
+export interface RunningFakeInference {
+  readonly server: Server;
+  readonly state: FakeInferenceState;
+  readonly port: number;
+  readonly host: string;
+  /** `http://host:port`; the OpenAI base URL is this plus `/v1`. */
+  readonly url: string;
+  /** Stops listening and drops open connections, held calls included. */
+  close(): Promise<void>;
+}
+
+export async function startFakeInference(
+  options: ListenOptions = {},
+): Promise<RunningFakeInference> {
+  const { app, state } = createFakeInferenceApp(options);
+  const host = options.host ?? '127.0.0.1';
+  const server = app.listen(options.port ?? 0, host);
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  const urlHost = host.includes(':') ? `[${host}]` : host;
+  return {
+    server,
+    state,
+    port,
+    host,
+    url: `http://${urlHost}:${port}`,
+    close: () =>
+      new Promise<void>((resolve, reject) => {
+        server.close((err) => (err ? reject(err) : resolve()));
+        server.closeAllConnections();
+      }),
+  };
+}

@@ -1,0 +1,40 @@
+// The public API of @ckpt-gym/fake-inference.
+export {
+  DEFAULT_MODEL,
+  type FakeInferenceOptions,
+  type FakeInferenceState,
+  type ListenOptions,
+  type RunningFakeInference,
+  createFakeInferenceApp,
+  startFakeInference,
+} from './app.js';
+export {
+  type AdmittedCall,
+  type CallRecord,
+  type CallTokens,
+  type CallView,
+  CallLog,
+  TokenStore,
+  tokenize,
+} from './calls.js';
+export {
+  type CallPosition,
+  type HoldPolicy,
+  type WaitReason,
+  NO_HOLD,
+  WaitQueue,
+  waitReason,
+} from './holds.js';
+export {
+  type AssistantReply,
+  type ChatMessage,
+  type Script,
+  type ScriptName,
+  type ToolCall,
+  type ToolCallSpec,
+  SCRIPTS,
+  ScriptBook,
+  parseScript,
+  scriptedReply,
+  toolTurnAt,
+} from './script.js';
