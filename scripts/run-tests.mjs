@@ -12,6 +12,7 @@ rmSync(resultsDir, { recursive: true, force: true });
 const turbo = spawnSync('npx', ['turbo', 'run', 'test', '--concurrency=1', ...process.argv.slice(2)], {
   cwd: repo,
   stdio: 'inherit',
+  env: { ...process.env, TURBO_TELEMETRY_DISABLED: '1' },
 });
 
 let passed = 0;

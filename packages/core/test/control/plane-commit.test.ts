@@ -234,6 +234,10 @@ describe('commit', () => {
       message: expect.stringContaining('already being written'),
     });
     storage.gate.open();
+    // The write outlived its commit: let it finish before the test's directory is removed.
+    await expect(h.plane.commit(commitRequest(h, 'c1', ['r']))).resolves.toMatchObject({
+      phase: 'committed',
+    });
   });
 
   test('a commit retried after its write failed stores the same records', async () => {
