@@ -1,6 +1,6 @@
 // Shared jest settings: TypeScript through swc, native ESM, and workspace packages resolved to
 // their sources so a package's tests never need its dependencies rebuilt first.
-export function jestConfig(rootDir) {
+export function jestConfig(rootDir, { packagesDir = '<rootDir>/..' } = {}) {
   return {
     rootDir,
     testEnvironment: 'node',
@@ -16,7 +16,7 @@ export function jestConfig(rootDir) {
       ],
     },
     moduleNameMapper: {
-      '^@ckpt-gym/([a-z-]+)$': '<rootDir>/../$1/src/index.ts',
+      '^@ckpt-gym/([a-z-]+)$': `${packagesDir}/$1/src/index.ts`,
       '^(\\.{1,2}/.*)\\.js$': '$1',
     },
     testTimeout: 30000,

@@ -13,3 +13,4 @@ export * from './coordination.js';
 export * from './json.js';
 export * from './participant.js';
 export * from './server.js';
+export * from './capture/index.js';

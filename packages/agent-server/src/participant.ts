@@ -1,0 +1,736 @@
+/**
+ * The agent participant for agents with session hooks. A session is idle, running, or at a
+ * boundary; prepare is ready once no activation is between boundaries. Boundaries are recorded as
+ * builders and built only if a checkpoint exports them.
+ */
+import {
+  AdmissionClosedError,
+  type AdmissionRequest,
+  BaseParticipant,
+  captureKey,
+  CheckpointError,
+  covers,
+  type EpisodeContext,
+  type EpisodeId,
+  episodeIdFromJson,
+  EpisodeSteps,
+  InvalidRequestError,
+  type JsonObject,
+  type JsonValue,
+  nextAttempt,
+  type PrepareReport,
+  prepareReport,
+  RetireIncompleteError,
+  sameEpisode,
+  StaleAttemptError,
+  type Boundary,
+  type CheckpointRecord,
+} from '@ckpt-gym/core';
+
+import { RolloutIndex } from './sessions.js';
+
+export type SessionState = 'idle' | 'running' | 'at_boundary';
+
+export interface RestoredAgentSession {
+  sessionKey: string;
+  /** The replacement attempt the session is installed under. */
+  episode: EpisodeId;
+  session: JsonValue;
+}
+
+/** What an agent implements to take part in checkpoints. All hooks are async. */
+export interface AgentSessionHooks {
+  /** Exports every session of `keys` at once; each key must be answered. */
+  exportAgentSessions(keys: readonly string[]): Promise<ReadonlyMap<string, JsonValue>>;
+  /** Installs restored sessions, all or nothing. */
+  restoreAgentSessions(sessions: readonly RestoredAgentSession[]): Promise<void>;
+  /** Frees a retired session (and anything it holds outside the process). */
+  retireAgentSession(key: string): Promise<void>;
+}
+
+export interface AgentSessionRecord extends CheckpointRecord {
+  episode_id: EpisodeId;
+  session_key: string;
+  session: JsonValue;
+  /** The loop boundary the session continues from (null: idle, or start the activation over). */
+  boundary: JsonObject | null;
+  /** A legacy `/run`'s protocol boundary. */
+  episode: JsonObject | null;
+}
+
+/** The handle an activation's work gets to record its progress. */
+export interface ActivationHandle {
+  readonly key: string;
+  readonly signal: AbortSignal;
+  /** The restored boundary this activation continues, or null. */
+  readonly continuation: JsonObject | null;
+  /** Records a boundary builder; while a checkpoint is open, parks here until resume. */
+  boundary(build: () => JsonObject): Promise<void>;
+  /**
+   * Wraps a model call made right after a boundary: the session counts as at that boundary while
+   * it waits, and a reply that arrives while a checkpoint is open is held until resume.
+   */
+  awaitingModel<T>(call: () => Promise<T>): Promise<T>;
+}
+
+class Activation {
+  readonly controller = new AbortController();
+  cancelled = false;
+  readonly done: Promise<void>;
+  private finish!: () => void;
+
+  constructor(readonly index: number | null) {
+    this.done = new Promise((resolve) => {
+      this.finish = resolve;
+    });
+  }
+
+  end(): void {
+    this.finish();
+  }
+
+  /** Cancels once: a second canceller (a retire after a close) never interrupts the cleanup. */
+  cancel(reason: Error): void {
+    if (this.cancelled) return;
+    this.cancelled = true;
+    this.controller.abort(reason);
+  }
+}
+
+class Session {
+  state: SessionState = 'idle';
+  boundary: (() => JsonObject) | null = null;
+  continuation: JsonObject | null = null;
+  restoredPending = false;
+  retired = false;
+  closing = false;
+  activation: Activation | null = null;
+  retiring: Promise<void> | null = null;
+  /** Set when a legacy `/run` owns the session: its protocol boundary lives in EpisodeSteps. */
+  legacy = false;
+
+  constructor(
+    readonly key: string,
+    public episode: EpisodeId,
+  ) {}
+}
+
+/** The blocking rule: a session holds up prepare while retired, closing, or between boundaries. */
+export function sessionBlocks(s: {
+  state: SessionState;
+  retired: boolean;
+  closing: boolean;
+}): boolean {
+  return s.retired || s.closing || s.state === 'running';
+}
+
+interface SeedInProgress {
+  readonly key: string;
+  readonly episode: EpisodeId;
+  readonly done: Promise<void>;
+}
+
+interface DirectCall {
+  readonly episode: EpisodeId;
+  readonly controller: AbortController;
+  readonly done: Promise<void>;
+}
+
+/** Waits for `promise`, or rejects with the signal's reason. */
+export function untilSettledOr<T>(
+  promise: Promise<T>,
+  signal: AbortSignal | undefined,
+): Promise<T> {
+  if (!signal) return promise;
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e as Error);
+      },
+    );
+  });
+}
+
+/** `run:<rollout_id>`: a legacy `/run` is keyed by its logical rollout, so a replacement finds it. */
+export function legacyKey(rolloutId: string): string {
+  return `run:${rolloutId}`;
+}
+
+export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
+  private readonly sessions = new Map<string, Session>();
+  private readonly sessionsByRollout = new RolloutIndex<Session>();
+  private readonly blocking = new Set<Session>();
+  private readonly seeds = new RolloutIndex<SeedInProgress>();
+  private readonly seedList = new Set<SeedInProgress>();
+  private readonly direct = new RolloutIndex<DirectCall>();
+  private readonly directCalls = new Set<DirectCall>();
+  /** Legacy `/run` protocol steps, keyed `run:<rollout_id>`. */
+  readonly steps = new EpisodeSteps({ onChange: () => this.notifyChange() });
+  /** Restored legacy protocol boundaries, until their `/run` claims them. */
+  private readonly legacyRestored = new Map<string, Boundary | null>();
+  private accepting = true;
+  private carried: ReadonlySet<string> = new Set();
+  private reopened: Promise<void> = Promise.resolve();
+  private reopen: () => void = () => undefined;
+
+  constructor(
+    instance: string,
+    private readonly hooks: AgentSessionHooks,
+  ) {
+    super('agent', instance);
+  }
+
+  // --- admission ----------------------------------------------------------------------------
+
+  get isAccepting(): boolean {
+    return this.accepting;
+  }
+
+  async closeAdmission(request: AdmissionRequest): Promise<void> {
+    if (this.accepting) {
+      this.reopened = new Promise((resolve) => {
+        this.reopen = resolve;
+      });
+    }
+    this.accepting = false;
+    this.carried = request.carriedRestarts;
+    this.steps.close();
+  }
+
+  async openAdmission(): Promise<void> {
+    this.accepting = true;
+    this.carried = new Set();
+    this.steps.open();
+    this.reopen();
+    this.notifyChange();
+  }
+
+  /** Resolves once admission is open (at once when it is), or rejects when `signal` aborts. */
+  async untilOpen(signal?: AbortSignal): Promise<void> {
+    while (!this.accepting) await untilSettledOr(this.reopened, signal);
+  }
+
+  /** Seeds and closes waiting for resume: they hold up nothing, but status shows them. */
+  private waiting = 0;
+
+  private async waitForResume(signal: AbortSignal | undefined): Promise<void> {
+    if (this.accepting) return;
+    this.waiting += 1;
+    try {
+      await this.untilOpen(signal);
+    } finally {
+      this.waiting -= 1;
+    }
+  }
+
+  // --- readiness ----------------------------------------------------------------------------
+
+  private isCarried(episode: EpisodeId): boolean {
+    return this.carried.size > 0 && this.carried.has(captureKey(episode));
+  }
+
+  /** Cheap: looks only at sessions that block (usually none), never at every session. */
+  ready(): boolean {
+    if (this.steps.blockerCount() > 0) return false;
+    for (const seed of this.seedList) if (!this.isCarried(seed.episode)) return false;
+    for (const s of this.blocking) if (this.blocksDespiteCarried(s)) return false;
+    return true;
+  }
+
+  private blocksDespiteCarried(s: Session): boolean {
+    return s.retired || !this.isCarried(s.episode);
+  }
+
+  readiness(): PrepareReport {
+    const blockers = new Set<string>();
+    for (const s of this.blocking)
+      if (this.blocksDespiteCarried(s)) blockers.add(captureKey(s.episode));
+    for (const seed of this.seedList) {
+      if (!this.isCarried(seed.episode)) blockers.add(captureKey(seed.episode));
+    }
+    // Legacy runs are keyed `run:<rollout>`; report the attempt, as every other blocker.
+    for (const key of this.steps.blockers()) {
+      const episode = this.sessions.get(key)?.episode;
+      blockers.add(episode ? captureKey(episode) : key);
+    }
+    let atBoundary = 0;
+    for (const s of this.sessions.values()) if (s.state === 'at_boundary') atBoundary += 1;
+    return prepareReport({
+      blockers: [...blockers].sort(),
+      blockerCount: blockers.size,
+      counts: {
+        sessions: this.sessions.size,
+        at_boundary: atBoundary,
+        seeds: this.seedList.size,
+        waiting_for_resume: this.waiting,
+      },
+      restarts: this.restartKeys(),
+    });
+  }
+
+  /** Direct `/v1/responses` calls and legacy runs marked restart, as capture keys. */
+  private restartKeys(): string[] {
+    const keys = new Set<string>();
+    for (const call of this.directCalls) keys.add(captureKey(call.episode));
+    for (const key of this.steps.restarts()) {
+      const s = this.sessions.get(key);
+      if (s) keys.add(captureKey(s.episode));
+    }
+    return [...keys].sort();
+  }
+
+  /** Changes a session's state or flags, keeping the blocking set exact. */
+  private update(s: Session, mutate: () => void): void {
+    mutate();
+    const tracked = this.sessions.get(s.key) === s;
+    if (tracked && sessionBlocks(s)) this.blocking.add(s);
+    else this.blocking.delete(s);
+    // Outside a checkpoint nobody waits on readiness.
+    if (!this.accepting) this.notifyChange();
+  }
+
+  // --- sessions -----------------------------------------------------------------------------
+
+  has(key: string): boolean {
+    return this.sessions.has(key);
+  }
+
+  /** Registers a session as idle (a seed's, or a legacy `/run`'s). */
+  openSession(key: string, episode: EpisodeId): void {
+    if (this.sessions.has(key)) return;
+    const s = new Session(key, episode);
+    this.sessions.set(key, s);
+    this.sessionsByRollout.add(episode.rollout_id, s);
+  }
+
+  private forget(s: Session): void {
+    if (this.sessions.get(s.key) !== s) return;
+    this.sessions.delete(s.key);
+    this.sessionsByRollout.delete(s.episode.rollout_id, s);
+    this.blocking.delete(s);
+    if (!this.accepting) this.notifyChange();
+  }
+
+  /**
+   * Runs a session seed: refused for a retired attempt, waits while a checkpoint is open, holds up
+   * prepare while in progress (it is exported once done), and frees what it built (`free`) when
+   * its attempt was retired meanwhile.
+   */
+  async seeding<T>(
+    key: string,
+    episode: EpisodeId,
+    build: () => Promise<T>,
+    free: () => Promise<void>,
+    signal?: AbortSignal,
+  ): Promise<T> {
+    this.refuseRetired(episode);
+    await this.waitForResume(signal);
+    this.refuseRetired(episode);
+    let finish!: () => void;
+    const seed: SeedInProgress = { key, episode, done: new Promise((r) => (finish = r)) };
+    this.seeds.add(episode.rollout_id, seed);
+    this.seedList.add(seed);
+    try {
+      const built = await build();
+      if (this.marks.isRetired(episode)) {
+        await free();
+        throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired during its seed`);
+      }
+      this.openSession(key, episode);
+      return built;
+    } finally {
+      this.seeds.delete(episode.rollout_id, seed);
+      this.seedList.delete(seed);
+      finish();
+      if (!this.accepting) this.notifyChange();
+    }
+  }
+
+  private refuseRetired(episode: EpisodeId): void {
+    if (this.marks.isRetired(episode)) {
+      throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired`);
+    }
+  }
+
+  /**
+   * Checks that the request's attempt owns the session (before any replay, claim or activation).
+   * An unknown session is `checkpoint_error`; a retired or other attempt is `stale_attempt`.
+   */
+  checkAttempt(key: string, requestEpisode: EpisodeId): void {
+    const s = this.sessions.get(key);
+    if (!s) throw new CheckpointError(`agent session '${key}' is not open`);
+    if (s.retired || this.marks.isRetired(requestEpisode)) {
+      throw new StaleAttemptError(`attempt ${captureKey(requestEpisode)} was retired`);
+    }
+    if (!sameEpisode(s.episode, requestEpisode)) {
+      throw new StaleAttemptError(
+        `agent session '${key}' belongs to attempt ${captureKey(s.episode)}, not ${captureKey(requestEpisode)}`,
+      );
+    }
+  }
+
+  /** A replayed reply claims a restored session like an activation does. */
+  claim(key: string): void {
+    // The restored boundary stays for the activation that continues it.
+    const s = this.sessions.get(key);
+    if (s) s.restoredPending = false;
+  }
+
+  runningActivation(key: string): { index: number | null; done: Promise<void> } | null {
+    const a = this.sessions.get(key)?.activation;
+    return a ? { index: a.index, done: a.done } : null;
+  }
+
+  /** Runs one activation of the session. */
+  async activate<T>(
+    key: string,
+    requestEpisode: EpisodeId,
+    index: number | null,
+    work: (handle: ActivationHandle) => Promise<T>,
+    signal?: AbortSignal,
+  ): Promise<T> {
+    this.checkAttempt(key, requestEpisode);
+    const s = this.sessions.get(key)!;
+    if (s.closing) throw new CheckpointError(`agent session '${key}' is closing`);
+    if (s.activation)
+      throw new CheckpointError(`agent session '${key}' already has an active activation`);
+    const continuation = s.continuation;
+    s.restoredPending = false;
+    s.continuation = null;
+    const activation = new Activation(index);
+    // The caller going away (the environment server gave up) stops the activation too.
+    const onAbort = () => activation.cancel(signal?.reason as Error);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    if (signal?.aborted) onAbort();
+    this.update(s, () => {
+      s.activation = activation;
+      s.state = 'running';
+      s.boundary = null;
+    });
+    const handle: ActivationHandle = {
+      key,
+      signal: activation.controller.signal,
+      continuation,
+      boundary: (build) => this.boundary(s, activation, build),
+      awaitingModel: (call) => this.awaitingModel(s, activation, call),
+    };
+    try {
+      return await work(handle);
+    } catch (err) {
+      // Report why it was stopped (a close, a retire), not how the interrupted call failed.
+      const reason: unknown = activation.controller.signal.reason;
+      throw activation.controller.signal.aborted && reason instanceof Error ? reason : err;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      this.update(s, () => {
+        s.activation = null;
+        s.state = 'idle';
+        s.boundary = null;
+      });
+      activation.end();
+    }
+  }
+
+  private async boundary(s: Session, a: Activation, build: () => JsonObject): Promise<void> {
+    s.boundary = build;
+    if (this.accepting) return;
+    this.update(s, () => {
+      s.state = 'at_boundary';
+    });
+    await this.parked(s, a);
+  }
+
+  /** Holds the session at its boundary until admission reopens; a retire or close stops it. */
+  private async parked(s: Session, a: Activation): Promise<void> {
+    try {
+      await this.untilOpen(a.controller.signal);
+    } finally {
+      if (this.sessions.get(s.key) === s) {
+        this.update(s, () => {
+          s.state = 'running';
+        });
+      }
+    }
+  }
+
+  private async awaitingModel<T>(s: Session, a: Activation, call: () => Promise<T>): Promise<T> {
+    this.update(s, () => {
+      s.state = 'at_boundary';
+    });
+    let reply: T;
+    try {
+      reply = await call();
+    } catch (err) {
+      this.update(s, () => {
+        s.state = 'running';
+      });
+      throw err;
+    }
+    // A reply that arrives while a checkpoint is open is held: the session stays at the boundary
+    // before the call, so its readiness never regresses between prepare and commit.
+    await this.parked(s, a);
+    return reply;
+  }
+
+  /**
+   * Closes a session: waits while admission is closed, marks it closing, stops its activation
+   * (cancelling only one nothing cancelled yet) and waits for it, then runs `cleanup` exactly once.
+   * A close a retire took over is `stale_attempt`; one cancelled while it waits ran no cleanup.
+   */
+  async closeSession<T>(key: string, cleanup: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    await this.waitForResume(signal);
+    const s = this.sessions.get(key);
+    if (!s) return cleanup();
+    const current = () => this.sessions.get(key) === s && !s.retired;
+    if (!current()) throw new StaleAttemptError(`agent session '${key}' was retired`);
+    this.update(s, () => {
+      s.closing = true;
+    });
+    try {
+      const activation = s.activation;
+      if (activation) {
+        activation.cancel(new CheckpointError(`agent session '${key}' is closing`));
+        await untilSettledOr(activation.done, signal);
+      }
+      if (!current()) throw new StaleAttemptError(`agent session '${key}' was retired`);
+      const result = await cleanup();
+      if (!current()) throw new StaleAttemptError(`agent session '${key}' was retired`);
+      this.forget(s);
+      return result;
+    } finally {
+      if (this.sessions.get(key) === s) {
+        this.update(s, () => {
+          s.closing = false;
+        });
+      }
+    }
+  }
+
+  // --- direct calls -------------------------------------------------------------------------
+
+  /** A direct `/v1/responses` call under a rollout path: a restart, never blocking, retired like work. */
+  async directRestart<T>(
+    episode: EpisodeId,
+    work: (signal: AbortSignal) => Promise<T>,
+  ): Promise<T> {
+    this.refuseRetired(episode);
+    let finish!: () => void;
+    const call: DirectCall = {
+      episode,
+      controller: new AbortController(),
+      done: new Promise((r) => (finish = r)),
+    };
+    this.direct.add(episode.rollout_id, call);
+    this.directCalls.add(call);
+    try {
+      return await work(call.controller.signal);
+    } finally {
+      this.direct.delete(episode.rollout_id, call);
+      this.directCalls.delete(call);
+      finish();
+    }
+  }
+
+  // --- legacy /run ----------------------------------------------------------------------------
+
+  /**
+   * Runs a legacy `/run` episode under `run:<rollout_id>`: a session (so its self-dispatch is an
+   * activation) plus protocol steps continuing from a restored boundary.
+   */
+  async legacyRun<T>(episode: EpisodeId, work: (ep: EpisodeContext) => Promise<T>): Promise<T> {
+    const key = legacyKey(episode.rollout_id);
+    this.refuseRetired(episode);
+    const existing = this.sessions.get(key);
+    let continuation: Boundary | null = null;
+    if (existing) {
+      if (!existing.restoredPending || !sameEpisode(existing.episode, episode)) {
+        throw existing.retired || !sameEpisode(existing.episode, episode)
+          ? new StaleAttemptError(
+              `legacy run ${key} belongs to attempt ${captureKey(existing.episode)}`,
+            )
+          : new CheckpointError(`legacy run ${key} is already running`);
+      }
+      continuation = this.legacyRestored.get(key) ?? null;
+      this.legacyRestored.delete(key);
+      this.claim(key);
+    } else {
+      // Only seeds wait for resume; a new session of any other kind is refused meanwhile.
+      if (!this.accepting) {
+        throw new AdmissionClosedError(`legacy run ${key} refused while a checkpoint is open`);
+      }
+      this.openSession(key, episode);
+    }
+    const s = this.sessions.get(key)!;
+    s.legacy = true;
+    try {
+      return await this.steps.run(key, { continuation }, work);
+    } finally {
+      if (!s.retired) this.forget(s);
+    }
+  }
+
+  // --- export and install ---------------------------------------------------------------------
+
+  async export(
+    scope: readonly EpisodeId[] | null,
+    signal: AbortSignal,
+  ): Promise<AgentSessionRecord[]> {
+    const inScope = scope === null ? null : new Set(scope.map(captureKey));
+    const legacy = this.steps.exported();
+    const chosen: Session[] = [];
+    for (const s of this.sessions.values()) {
+      if (s.retired || s.closing || this.isCarried(s.episode)) continue;
+      if (inScope && !inScope.has(captureKey(s.episode))) continue;
+      if (s.legacy && !legacy.has(s.key) && !s.restoredPending) continue;
+      chosen.push(s);
+    }
+    if (chosen.length === 0) return [];
+    const exported = await this.hooks.exportAgentSessions(chosen.map((s) => s.key));
+    signal.throwIfAborted();
+    const missing = chosen.filter((s) => !exported.has(s.key)).map((s) => s.key);
+    if (missing.length > 0) {
+      throw new CheckpointError(
+        `the agent did not export sessions [${missing.slice(0, 10).join(', ')}]`,
+      );
+    }
+    return chosen.map((s) => ({
+      episode_id: s.episode,
+      session_key: s.key,
+      session: exported.get(s.key)!,
+      // At a boundary: its builder; otherwise a restored boundary nothing continued yet.
+      boundary: s.state === 'at_boundary' && s.boundary ? s.boundary() : s.continuation,
+      episode: s.legacy
+        ? (legacy.get(s.key) ??
+          (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
+        : null,
+    }));
+  }
+
+  validateRecord(record: JsonObject, key: string): AgentSessionRecord {
+    const episode = episodeIdFromJson(record.episode_id, `${key}.episode_id`);
+    const obj = (v: unknown) => v === null || (typeof v === 'object' && !Array.isArray(v));
+    if (typeof record.session_key !== 'string' || record.session_key.length === 0) {
+      throw new InvalidRequestError(`${key}: session_key must be a non-empty string`);
+    }
+    if (!('session' in record) || !obj(record.boundary ?? null) || !obj(record.episode ?? null)) {
+      throw new InvalidRequestError(`${key}: needs session, and boundary/episode objects or null`);
+    }
+    return {
+      episode_id: episode,
+      session_key: record.session_key,
+      session: record.session as JsonValue,
+      boundary: (record.boundary ?? null) as JsonObject | null,
+      episode: (record.episode ?? null) as JsonObject | null,
+    };
+  }
+
+  override checkRestore(): void {
+    if (this.seedList.size > 0) {
+      throw new CheckpointError('a restore is refused while an agent session seed is in progress');
+    }
+  }
+
+  async install(records: AgentSessionRecord[], _scope: readonly EpisodeId[]): Promise<void> {
+    this.checkRestore();
+    if (this.sessions.size > 0 || this.steps.size > 0) {
+      throw new CheckpointError('a restore needs an agent server without live sessions');
+    }
+    await this.hooks.restoreAgentSessions(
+      records.map((r) => ({
+        sessionKey: r.session_key,
+        episode: nextAttempt(r.episode_id),
+        session: r.session,
+      })),
+    );
+    for (const r of records) {
+      const s = new Session(r.session_key, nextAttempt(r.episode_id));
+      s.restoredPending = true;
+      s.continuation = r.boundary;
+      if (r.session_key.startsWith('run:')) {
+        s.legacy = true;
+        this.legacyRestored.set(r.session_key, r.episode);
+      }
+      this.sessions.set(s.key, s);
+      this.sessionsByRollout.add(s.episode.rollout_id, s);
+    }
+  }
+
+  restoredPending(): EpisodeId[] {
+    const out: EpisodeId[] = [];
+    for (const s of this.sessions.values())
+      if (s.restoredPending && !s.retired) out.push(s.episode);
+    return out;
+  }
+
+  // --- retire -------------------------------------------------------------------------------
+
+  /**
+   * Stops the attempt and its earlier ones: waits for their seeds, then per session marks it
+   * retired (it blocks and is not exported), cancels its activation once and waits for it, retires
+   * the legacy episode, runs the retire hook, and only then forgets it. A retire cut short leaves
+   * the session for a retry, which waits again without cancelling twice.
+   */
+  async retire(episode: EpisodeId): Promise<void> {
+    const rollout = episode.rollout_id;
+    await Promise.all(
+      this.seeds
+        .of(rollout)
+        .filter((s) => covers(episode, s.episode))
+        .map((s) => s.done),
+    );
+    const calls = this.direct.of(rollout).filter((c) => covers(episode, c.episode));
+    for (const c of calls)
+      c.controller.abort(new StaleAttemptError(`attempt ${captureKey(c.episode)} was retired`));
+    await Promise.all([
+      ...calls.map((c) => c.done),
+      ...this.sessionsByRollout
+        .of(rollout)
+        .filter((s) => covers(episode, s.episode))
+        .map((s) => this.retireSession(s)),
+    ]);
+  }
+
+  private retireSession(s: Session): Promise<void> {
+    s.retiring ??= (async () => {
+      this.update(s, () => {
+        s.retired = true;
+      });
+      s.activation?.cancel(new StaleAttemptError(`attempt ${captureKey(s.episode)} was retired`));
+      await s.activation?.done;
+      if (s.legacy) await this.steps.retire(s.key);
+      await this.hooks.retireAgentSession(s.key);
+      this.legacyRestored.delete(s.key);
+      this.forget(s);
+    })().catch((err: unknown) => {
+      s.retiring = null;
+      throw err;
+    });
+    return s.retiring;
+  }
+
+  override checkForget(rolloutIds: readonly string[]): void {
+    const holding = rolloutIds.filter((r) => this.sessionsByRollout.of(r).some((s) => s.retired));
+    if (holding.length > 0) {
+      throw new RetireIncompleteError(
+        `retired agent sessions still held for rollouts ${holding.join(', ')}`,
+      );
+    }
+  }
+
+  override statusExtra(): Record<string, unknown> {
+    return { accepting: this.accepting };
+  }
+
+  /** The attempt that owns `key`, if tracked. */
+  episodeOf(key: string): EpisodeId | undefined {
+    return this.sessions.get(key)?.episode;
+  }
+}

@@ -1,0 +1,310 @@
+/**
+ * The agent session table the base server holds: seeded sessions by `agent_session_id`, close
+ * receipts kept for retries, the signed session cookie, and an index by rollout so work for one
+ * rollout (a retire, say) never scans every session.
+ */
+import { createHmac, timingSafeEqual } from 'node:crypto';
+
+import {
+  CheckpointError,
+  type EpisodeId,
+  episodeIdFromJson,
+  encodeJson,
+  InvalidRequestError,
+  type JsonObject,
+  type JsonValue,
+} from '@ckpt-gym/core';
+
+export const AGENT_SESSION_COOKIE = 'agent_session_id';
+export const DEFAULT_CLOSE_RETRY_WINDOW_SECONDS = 300;
+
+/** A tool grant for direct HTTP calls (the resources server, usually under a rollout prefix). */
+export interface DirectHttpToolAccess {
+  kind: 'direct_http';
+  name: string;
+  required: boolean;
+  base_url: string;
+  cookies: Record<string, string>;
+  headers: Record<string, string>;
+}
+
+export interface AgentSeedRequest {
+  agent_session_id: string;
+  episode_id: EpisodeId;
+  task_id: JsonValue;
+  tool_accesses: JsonObject[];
+  sandbox_access: JsonObject | null;
+}
+
+/** A completed activation's reply, kept as the objects it was sent as (no copy, no encoding). */
+export interface StoredReply {
+  response: JsonObject;
+  cookies: Record<string, string>;
+}
+
+export interface CloseReceipt {
+  agent_session_id: string;
+  agent_observations: JsonValue;
+  resources_cookies: Record<string, string> | null;
+}
+
+/** One seeded session: what the framework needs (activation counts, the kept reply) plus the agent's own state. */
+export interface AgentSessionEntry<S = unknown> {
+  readonly id: string;
+  readonly request: AgentSeedRequest;
+  /** The seed body as canonical text: an identical retried seed reuses the session. */
+  readonly fingerprint: string;
+  /** The attempt that owns the session; a restore moves it to the replacement attempt. */
+  episode: EpisodeId;
+  /** Activations started (the last one's 1-based index). */
+  activations: number;
+  /** Index of the last completed activation, 0 for none. */
+  completedActivation: number;
+  /** That activation's reply; kept only when its request carried an activation index. */
+  completedReply: StoredReply | null;
+  closing: boolean;
+  state: S;
+}
+
+const SEED_KEYS = ['agent_session_id', 'episode_id', 'task_id', 'tool_accesses', 'sandbox_access'];
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** Validates a seed body (extra fields refused, tool access names unique); 422 `invalid_request`. */
+export function parseSeedRequest(body: unknown): AgentSeedRequest {
+  if (!isObject(body)) throw new InvalidRequestError('body: must be a JSON object');
+  const extra = Object.keys(body).filter((k) => !SEED_KEYS.includes(k));
+  if (extra.length > 0) throw new InvalidRequestError(`body: unknown keys ${extra.join(', ')}`);
+  const id = body.agent_session_id;
+  if (typeof id !== 'string' || id.length === 0) {
+    throw new InvalidRequestError('agent_session_id: must be a non-empty string');
+  }
+  const episode = episodeIdFromJson(body.episode_id);
+  const accesses = body.tool_accesses ?? [];
+  if (!Array.isArray(accesses) || !accesses.every(isObject)) {
+    throw new InvalidRequestError('tool_accesses: must be a list of objects');
+  }
+  const names = new Set<string>();
+  for (const [i, access] of accesses.entries()) {
+    if (typeof access.name !== 'string' || typeof access.kind !== 'string') {
+      throw new InvalidRequestError(`tool_accesses[${i}]: needs string kind and name`);
+    }
+    if (names.has(access.name)) {
+      throw new InvalidRequestError(`tool_accesses[${i}]: name ${access.name} is not unique`);
+    }
+    names.add(access.name);
+  }
+  const sandbox = body.sandbox_access ?? null;
+  if (sandbox !== null && !isObject(sandbox)) {
+    throw new InvalidRequestError('sandbox_access: must be an object or null');
+  }
+  return {
+    agent_session_id: id,
+    episode_id: episode,
+    task_id: (body.task_id ?? null) as JsonValue,
+    tool_accesses: accesses as JsonObject[],
+    sandbox_access: sandbox as JsonObject | null,
+  };
+}
+
+/** Reads a direct HTTP grant; anything malformed is 422 `invalid_request`. */
+export function parseDirectHttpAccess(access: JsonObject): DirectHttpToolAccess {
+  const { name, base_url, cookies = {}, headers = {}, required = false } = access;
+  const strings = (v: unknown) =>
+    isObject(v) && Object.values(v).every((x) => typeof x === 'string');
+  if (typeof base_url !== 'string' || !/^https?:\/\//.test(base_url)) {
+    throw new InvalidRequestError(`tool access ${String(name)}: base_url must be an http(s) URL`);
+  }
+  if (!strings(cookies) || !strings(headers)) {
+    throw new InvalidRequestError(
+      `tool access ${String(name)}: cookies and headers must map names to strings`,
+    );
+  }
+  return {
+    kind: 'direct_http',
+    name: String(name),
+    required: required === true,
+    base_url,
+    cookies: cookies as Record<string, string>,
+    headers: headers as Record<string, string>,
+  };
+}
+
+/** Items grouped by rollout; an entry leaves with the last item of its rollout. */
+export class RolloutIndex<T> {
+  private readonly byRollout = new Map<string, Set<T>>();
+
+  add(rolloutId: string, item: T): void {
+    let items = this.byRollout.get(rolloutId);
+    if (!items) this.byRollout.set(rolloutId, (items = new Set()));
+    items.add(item);
+  }
+
+  delete(rolloutId: string, item: T): void {
+    const items = this.byRollout.get(rolloutId);
+    if (!items) return;
+    items.delete(item);
+    if (items.size === 0) this.byRollout.delete(rolloutId);
+  }
+
+  /** A snapshot of the rollout's items (safe to change the index while iterating it). */
+  of(rolloutId: string): T[] {
+    return [...(this.byRollout.get(rolloutId) ?? [])];
+  }
+
+  has(rolloutId: string): boolean {
+    return this.byRollout.has(rolloutId);
+  }
+
+  get rollouts(): number {
+    return this.byRollout.size;
+  }
+}
+
+/** HMAC-signed `agent_session_id` cookie values, so a client cannot name another session. */
+export class SessionCookieSigner {
+  constructor(private readonly secret: string) {}
+
+  sign(id: string): string {
+    return `${id}.${this.mac(id)}`;
+  }
+
+  /** The session id of a signed value, or undefined when the signature does not match. */
+  verify(value: string): string | undefined {
+    const dot = value.lastIndexOf('.');
+    if (dot <= 0) return undefined;
+    const id = value.slice(0, dot);
+    const given = Buffer.from(value.slice(dot + 1));
+    const expected = Buffer.from(this.mac(id));
+    return given.length === expected.length && timingSafeEqual(given, expected) ? id : undefined;
+  }
+
+  private mac(id: string): string {
+    return createHmac('sha256', this.secret).update(id).digest('base64url');
+  }
+}
+
+/** Parses a `Cookie` header into name → value (URL-decoded). */
+export function parseCookieHeader(header: string | undefined): Record<string, string> {
+  const out: Record<string, string> = {};
+  if (!header) return out;
+  for (const part of header.split(';')) {
+    const eq = part.indexOf('=');
+    if (eq <= 0) continue;
+    const name = part.slice(0, eq).trim();
+    const raw = part.slice(eq + 1).trim();
+    try {
+      out[name] = decodeURIComponent(raw);
+    } catch {
+      out[name] = raw;
+    }
+  }
+  return out;
+}
+
+/** Merges `Set-Cookie` values into a copy of `jar`. */
+export function mergeSetCookies(
+  jar: Record<string, string> | null,
+  setCookie: string[] | undefined,
+): Record<string, string> | null {
+  if (!setCookie || setCookie.length === 0) return jar;
+  const out = { ...(jar ?? {}) };
+  for (const line of setCookie) {
+    const pair = line.split(';', 1)[0] ?? '';
+    const eq = pair.indexOf('=');
+    if (eq > 0) out[pair.slice(0, eq).trim()] = pair.slice(eq + 1).trim();
+  }
+  return out;
+}
+
+/** The session id the request's signed cookie names; a cookie with a bad signature is refused. */
+export function sessionIdFromCookie(
+  header: string | undefined,
+  signer: SessionCookieSigner,
+): string | undefined {
+  const value = parseCookieHeader(header)[AGENT_SESSION_COOKIE];
+  if (value === undefined) return undefined;
+  const id = signer.verify(value);
+  if (id === undefined) throw new CheckpointError('Invalid agent session marker');
+  return id;
+}
+
+export class AgentSessionTable<S = unknown> {
+  private readonly entries = new Map<string, AgentSessionEntry<S>>();
+  private readonly receipts = new Map<
+    string,
+    { receipt: CloseReceipt; episode: EpisodeId | null; expiresAt: number }
+  >();
+  /** Seeds being built, by session id: an identical retry joins the first. */
+  readonly building = new Map<
+    string,
+    { fingerprint: string; done: Promise<AgentSessionEntry<S>> }
+  >();
+
+  constructor(
+    private readonly retryWindowSeconds = DEFAULT_CLOSE_RETRY_WINDOW_SECONDS,
+    private readonly now: () => number = () => Date.now() / 1000,
+  ) {}
+
+  get(id: string): AgentSessionEntry<S> | undefined {
+    return this.entries.get(id);
+  }
+
+  set(entry: AgentSessionEntry<S>): void {
+    this.entries.set(entry.id, entry);
+  }
+
+  delete(id: string): boolean {
+    return this.entries.delete(id);
+  }
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  values(): IterableIterator<AgentSessionEntry<S>> {
+    return this.entries.values();
+  }
+
+  /** The live receipt of a closed session; an expired one is dropped and reported as expired. */
+  receipt(
+    id: string,
+  ): { receipt: CloseReceipt; episode: EpisodeId | null } | 'expired' | undefined {
+    const kept = this.receipts.get(id);
+    if (!kept) return undefined;
+    if (kept.expiresAt <= this.now()) {
+      this.receipts.delete(id);
+      return 'expired';
+    }
+    return kept;
+  }
+
+  writeReceipt(receipt: CloseReceipt, episode: EpisodeId | null): void {
+    this.pruneReceipts();
+    this.receipts.set(receipt.agent_session_id, {
+      receipt,
+      episode,
+      expiresAt: this.now() + this.retryWindowSeconds,
+    });
+  }
+
+  hasReceipt(id: string): boolean {
+    return this.receipts.has(id);
+  }
+
+  private pruneReceipts(): void {
+    const now = this.now();
+    // Insertion order is expiry order (one window for all), so stop at the first live receipt.
+    for (const [id, kept] of this.receipts) {
+      if (kept.expiresAt > now) break;
+      this.receipts.delete(id);
+    }
+  }
+}
+
+/** A canonical text of the seed body, compared to tell an identical retry from a conflicting seed. */
+export function seedFingerprint(request: AgentSeedRequest): string {
+  return encodeJson(request as unknown as JsonObject);
+}

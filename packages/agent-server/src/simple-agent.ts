@@ -1,0 +1,538 @@
+/**
+ * Simple Agent: the model ↔ tools turn loop. Each turn resends the whole conversation to the policy
+ * model under the activation's rollout prefix, runs the function calls it asks for against the
+ * session's direct HTTP tool access under the same prefix, and stops at the first answer without
+ * function calls (or at `max_steps` model calls). Boundaries are recorded before each model call
+ * and after each tool round, as builders: nothing is copied unless a checkpoint exports it.
+ */
+import {
+  CheckpointError,
+  ConfigError,
+  type EpisodeId,
+  errorFromBody,
+  InvalidRequestError,
+  type JsonObject,
+  type JsonValue,
+  withRolloutPrefix,
+} from '@ckpt-gym/core';
+import type { Got } from 'got';
+
+import type {
+  Agent,
+  AgentCloseResult,
+  AgentContext,
+  AgentReply,
+  Invocation,
+  LegacyRunRequest,
+} from './agent.js';
+import { legacyRun } from './legacy-run.js';
+import type { ActivationHandle, AgentSessionHooks, RestoredAgentSession } from './participant.js';
+import {
+  type AgentSeedRequest,
+  type AgentSessionEntry,
+  type AgentSessionTable,
+  type DirectHttpToolAccess,
+  mergeSetCookies,
+  parseDirectHttpAccess,
+  seedFingerprint,
+  type StoredReply,
+} from './sessions.js';
+
+export interface SimpleAgentConfig {
+  skipVerification: boolean;
+  skipVerificationReward: number;
+  /** Base URL of the policy model server (its Responses API is at `/v1/responses`). */
+  modelServerUrl: string;
+  /** Base URL of the resources server, for legacy `/run` episodes. */
+  resourcesServerUrl: string | null;
+  maxSteps: number | null;
+}
+
+export interface SimpleSessionState {
+  toolAccess: DirectHttpToolAccess | null;
+  /** The resources cookie jar; null when the session holds no direct tool grant. */
+  resourcesCookies: Record<string, string> | null;
+  /** One trajectory per completed activation, reported at close. */
+  observations: JsonObject[];
+}
+
+/** The loop state at a boundary (what a checkpoint stores and a restore continues from). */
+export interface LoopState {
+  step: number;
+  pending_tools: boolean;
+  new_outputs: JsonObject[];
+  usage: JsonObject | null;
+  last_model_response: JsonObject | null;
+  model_server_cookies: Record<string, string>;
+  resources_server_cookies: Record<string, string> | null;
+  /** How many of `new_outputs` each model call's question held (the questions themselves are rebuilt). */
+  question_outputs: number[];
+}
+
+const LOOP_STATE_KEYS = [
+  'step',
+  'pending_tools',
+  'new_outputs',
+  'usage',
+  'last_model_response',
+  'model_server_cookies',
+  'resources_server_cookies',
+  'question_outputs',
+];
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Validates a restored boundary; extra or missing fields are `invalid_checkpoint_state`-worthy. */
+export function parseLoopState(value: JsonObject): LoopState {
+  const keys = Object.keys(value);
+  const bad = keys.filter((k) => !LOOP_STATE_KEYS.includes(k));
+  const missing = LOOP_STATE_KEYS.filter((k) => !keys.includes(k));
+  if (bad.length > 0 || missing.length > 0 || !Array.isArray(value.new_outputs)) {
+    throw new CheckpointError(
+      `restored Simple Agent boundary is malformed (unknown: ${bad.join(', ') || '-'}; missing: ${missing.join(', ') || '-'})`,
+    );
+  }
+  return value as unknown as LoopState;
+}
+
+/** The request's input as a list of items (a string becomes one user message). */
+export function inputItems(input: unknown): JsonObject[] {
+  if (typeof input === 'string') return [{ role: 'user', content: input, type: 'message' }];
+  if (Array.isArray(input)) return input as JsonObject[];
+  throw new InvalidRequestError('input: must be a string or a list of items');
+}
+
+/** Rebuilds each turn's question from the request's input and the loop's outputs. */
+export function rebuildQuestions(
+  input: JsonObject[],
+  outputs: JsonObject[],
+  questionOutputs: number[],
+): JsonObject[][] {
+  return questionOutputs.map((n) => [...input, ...outputs.slice(0, n)]);
+}
+
+/** `base` without a trailing `/ng-rollout/<key>` (the grant's), under `episode`'s prefix instead. */
+export function toolBaseUrl(baseUrl: string, episode: EpisodeId | undefined): string {
+  const bare = baseUrl.replace(/\/+$/, '').replace(/\/ng-rollout\/[^/]+$/, '');
+  return episode ? withRolloutPrefix(bare, episode) : bare;
+}
+
+function cookieHeader(jar: Record<string, string> | null): string | undefined {
+  if (!jar || Object.keys(jar).length === 0) return undefined;
+  return Object.entries(jar)
+    .map(([k, v]) => `${k}=${v}`)
+    .join('; ');
+}
+
+function addUsage(total: JsonObject | null, usage: unknown): JsonObject | null {
+  if (!isObject(usage)) return total;
+  if (!total) return structuredClone(usage) as JsonObject;
+  const out: JsonObject = { ...total };
+  for (const key of ['input_tokens', 'output_tokens', 'total_tokens']) {
+    const a = total[key];
+    const b = usage[key];
+    if (typeof a === 'number' && typeof b === 'number') out[key] = a + b;
+  }
+  return out;
+}
+
+interface ToolTarget {
+  baseUrl: string;
+  headers: Record<string, string>;
+}
+
+export interface LoopResult {
+  response: JsonObject;
+  state: LoopState;
+  trajectory: JsonObject;
+}
+
+/**
+ * The turn loop. `jar` is the resources cookie jar the tools see (null: none); the result's state
+ * carries the jar after the loop.
+ */
+export async function runTurnLoop(parts: {
+  http: Got;
+  config: SimpleAgentConfig;
+  body: JsonObject;
+  episode: EpisodeId | undefined;
+  handle: ActivationHandle;
+  invocationId: string;
+  tools: ToolTarget | null;
+  jar: Record<string, string> | null;
+  modelCookies: Record<string, string>;
+}): Promise<LoopResult> {
+  const { http, config, body, episode, handle } = parts;
+  const input = inputItems(body.input);
+  const restored = handle.continuation ? parseLoopState(handle.continuation) : null;
+  const st: LoopState = restored ?? {
+    step: 0,
+    pending_tools: false,
+    new_outputs: [],
+    usage: null,
+    last_model_response: null,
+    model_server_cookies: { ...parts.modelCookies },
+    resources_server_cookies: parts.jar,
+    question_outputs: [],
+  };
+  // Lists only grow, so a builder that pins lengths still yields the boundary's state later.
+  const snapshot = (): (() => JsonObject) => {
+    const pinned = {
+      step: st.step,
+      pending_tools: st.pending_tools,
+      outputs: st.new_outputs.length,
+      usage: st.usage,
+      last_model_response: st.last_model_response,
+      model_server_cookies: st.model_server_cookies,
+      resources_server_cookies: st.resources_server_cookies,
+      questions: st.question_outputs.length,
+    };
+    return () => ({
+      step: pinned.step,
+      pending_tools: pinned.pending_tools,
+      new_outputs: st.new_outputs.slice(0, pinned.outputs),
+      usage: pinned.usage,
+      last_model_response: pinned.last_model_response,
+      model_server_cookies: pinned.model_server_cookies,
+      resources_server_cookies: pinned.resources_server_cookies,
+      question_outputs: st.question_outputs.slice(0, pinned.questions),
+    });
+  };
+  let status: 'completed' | 'incomplete' = 'completed';
+  let termination: JsonObject | null = null;
+
+  while (true) {
+    if (!st.pending_tools) {
+      await handle.boundary(snapshot());
+      st.step += 1;
+      const question = [...input, ...st.new_outputs];
+      const reply = await handle.awaitingModel(() =>
+        callModel(
+          http,
+          config.modelServerUrl,
+          episode,
+          { ...body, input: question },
+          st.model_server_cookies,
+          handle.signal,
+        ),
+      );
+      st.question_outputs = [...st.question_outputs, st.new_outputs.length];
+      st.model_server_cookies = mergeSetCookies(st.model_server_cookies, reply.setCookie) ?? {};
+      const output = Array.isArray(reply.body.output) ? (reply.body.output as JsonObject[]) : [];
+      st.new_outputs = [...st.new_outputs, ...output];
+      st.usage = addUsage(st.usage, reply.body.usage);
+      st.last_model_response = { ...reply.body, usage: null };
+      if (isObject(reply.body.incomplete_details)) {
+        status = 'incomplete';
+        break;
+      }
+      const calls = output.filter((item) => item.type === 'function_call');
+      if (calls.length === 0) {
+        if (!output.some((item) => item.type === 'message')) {
+          status = 'incomplete';
+          termination = {
+            ng_termination_reason: output.length > 0 ? 'incomplete_reasoning' : 'empty_output',
+            ng_termination_message: 'the model ended its turn without a message or a function call',
+          };
+        }
+        break;
+      }
+      st.pending_tools = true;
+      await handle.boundary(snapshot());
+    }
+    const calls = ((st.last_model_response?.output ?? []) as JsonObject[]).filter(
+      (item) => item.type === 'function_call',
+    );
+    for (const call of calls) {
+      const out = await callTool(http, parts.tools, call, st, handle.signal);
+      st.new_outputs = [
+        ...st.new_outputs,
+        { type: 'function_call_output', call_id: call.call_id ?? null, output: out },
+      ];
+    }
+    st.pending_tools = false;
+    if (config.maxSteps !== null && st.step >= config.maxSteps) {
+      status = 'incomplete';
+      termination = {
+        ng_termination_reason: 'max_steps',
+        ng_termination_message: `stopped after ${config.maxSteps} model calls`,
+      };
+      break;
+    }
+  }
+
+  const last = st.last_model_response ?? {};
+  const response: JsonObject = { ...last, output: st.new_outputs, usage: st.usage };
+  if (status === 'incomplete') response.status = 'incomplete';
+  if (termination)
+    response.metadata = {
+      ...(isObject(last.metadata) ? (last.metadata as JsonObject) : {}),
+      ...termination,
+    };
+  const trajectory: JsonObject = {
+    invocation_id: parts.invocationId,
+    status,
+    turns: rebuildQuestions(input, st.new_outputs, st.question_outputs).map((question) => ({
+      question,
+    })),
+    output: st.new_outputs,
+    usage: st.usage,
+  };
+  return { response, state: st, trajectory };
+}
+
+async function callModel(
+  http: Got,
+  baseUrl: string,
+  episode: EpisodeId | undefined,
+  body: JsonObject,
+  cookies: Record<string, string>,
+  signal: AbortSignal,
+): Promise<{ body: JsonObject; setCookie: string[] | undefined }> {
+  const url = episode
+    ? withRolloutPrefix(baseUrl, episode, '/v1/responses')
+    : `${baseUrl.replace(/\/+$/, '')}/v1/responses`;
+  const cookie = cookieHeader(cookies);
+  const res = await http.post(url, {
+    json: body,
+    headers: cookie ? { cookie } : {},
+    signal,
+    throwHttpErrors: false,
+    retry: { limit: 0 },
+  });
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(res.body);
+  } catch {
+    parsed = undefined;
+  }
+  if (res.statusCode < 200 || res.statusCode >= 300) throw errorFromBody(res.statusCode, parsed);
+  if (
+    !isObject(parsed) ||
+    !Array.isArray(parsed.output) ||
+    !parsed.output.every((i) => isObject(i) && typeof i.type === 'string')
+  ) {
+    throw new Error(
+      `the model server's reply is not a Responses API response: ${res.body.slice(0, 200)}`,
+    );
+  }
+  return { body: parsed as JsonObject, setCookie: res.headers['set-cookie'] };
+}
+
+/** Runs one function call; its output is the raw reply text, whatever the status. */
+async function callTool(
+  http: Got,
+  tools: ToolTarget | null,
+  call: JsonObject,
+  st: LoopState,
+  signal: AbortSignal,
+): Promise<string> {
+  let args: unknown;
+  try {
+    args = JSON.parse(typeof call.arguments === 'string' ? call.arguments : '');
+  } catch (err) {
+    return JSON.stringify({ error: `Invalid tool call arguments: ${(err as Error).message}` });
+  }
+  if (!tools) throw new Error('this agent session has no direct tool access to run tools with');
+  const cookie = cookieHeader(st.resources_server_cookies);
+  const res = await http.post(`${tools.baseUrl}/${String(call.name)}`, {
+    json: args,
+    headers: { ...tools.headers, ...(cookie ? { cookie } : {}) },
+    signal,
+    throwHttpErrors: false,
+    retry: { limit: 0 },
+  });
+  st.resources_server_cookies = mergeSetCookies(
+    st.resources_server_cookies,
+    res.headers['set-cookie'],
+  );
+  return res.body;
+}
+
+// --- the agent ------------------------------------------------------------------------------
+
+/** Reads `model_server`, `resources_server` and `max_steps` resolved to URLs (see registry.ts). */
+export function simpleAgentConfig(config: Readonly<Record<string, unknown>>): SimpleAgentConfig {
+  const model = config.model_server_url;
+  const resources = config.resources_server_url ?? null;
+  const maxSteps = config.max_steps ?? null;
+  if (typeof model !== 'string') throw new ConfigError('simple agent: model_server is required');
+  if (resources !== null && typeof resources !== 'string') {
+    throw new ConfigError('simple agent: resources_server must name a server');
+  }
+  if (
+    maxSteps !== null &&
+    (typeof maxSteps !== 'number' || !Number.isInteger(maxSteps) || maxSteps < 1)
+  ) {
+    throw new ConfigError('simple agent: max_steps must be a positive integer');
+  }
+  const skip = config.skip_verification ?? false;
+  const reward = config.skip_verification_reward ?? 0;
+  if (typeof skip !== 'boolean' || typeof reward !== 'number') {
+    throw new ConfigError(
+      'simple agent: skip_verification is a bool, skip_verification_reward a number',
+    );
+  }
+  return {
+    modelServerUrl: model,
+    resourcesServerUrl: resources,
+    maxSteps,
+    skipVerification: skip,
+    skipVerificationReward: reward,
+  };
+}
+
+/** What a session's export holds. */
+export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): JsonObject {
+  return {
+    request: entry.request as unknown as JsonObject,
+    resources_cookies: entry.state.resourcesCookies,
+    observations: entry.state.observations,
+    activations: entry.activations,
+    completed_activation: entry.completedActivation,
+    completed_reply: entry.completedReply as unknown as JsonValue,
+  };
+}
+
+function seedState(request: AgentSeedRequest): SimpleSessionState {
+  if (request.sandbox_access !== null) {
+    throw new InvalidRequestError('Simple Agent does not support sandbox_access');
+  }
+  const direct = request.tool_accesses.filter((a) => a.kind === 'direct_http');
+  if (request.tool_accesses.some((a) => a.kind === 'mcp' && a.required === true)) {
+    throw new InvalidRequestError('Simple Agent does not support a required MCP tool access');
+  }
+  if (direct.length > 1) {
+    throw new InvalidRequestError('Simple Agent supports at most one direct HTTP tool access');
+  }
+  const access = direct[0] ? parseDirectHttpAccess(direct[0]) : null;
+  return {
+    toolAccess: access,
+    resourcesCookies: access ? { ...access.cookies } : null,
+    observations: [],
+  };
+}
+
+function restoreEntry(r: RestoredAgentSession): AgentSessionEntry<SimpleSessionState> {
+  const s = r.session as Record<string, JsonValue>;
+  if (!isObject(s.request))
+    throw new CheckpointError(`restored session ${r.sessionKey} has no seed request`);
+  const request = { ...(s.request as unknown as AgentSeedRequest), episode_id: r.episode };
+  const state = seedState(request);
+  state.resourcesCookies = (s.resources_cookies ?? null) as Record<string, string> | null;
+  state.observations = (s.observations ?? []) as JsonObject[];
+  return {
+    id: r.sessionKey,
+    request,
+    fingerprint: seedFingerprint(request),
+    episode: r.episode,
+    activations: Number(s.activations ?? 0),
+    completedActivation: Number(s.completed_activation ?? 0),
+    completedReply: (s.completed_reply ?? null) as StoredReply | null,
+    closing: false,
+    state,
+  };
+}
+
+export class SimpleAgent implements Agent<SimpleSessionState> {
+  readonly checkpointSessionsSupported = true;
+  readonly hooks: AgentSessionHooks;
+  readonly config: SimpleAgentConfig;
+  private readonly sessions: AgentSessionTable<SimpleSessionState>;
+
+  constructor(private readonly context: AgentContext<SimpleSessionState>) {
+    this.config = simpleAgentConfig(context.config);
+    this.sessions = context.sessions;
+    const sessions = this.sessions;
+    this.hooks = {
+      exportAgentSessions: async (keys) => {
+        const out = new Map<string, JsonValue>();
+        for (const key of keys) {
+          const entry = sessions.get(key);
+          if (entry) out.set(key, exportSession(entry));
+        }
+        return out;
+      },
+      restoreAgentSessions: async (restored) => {
+        const entries = restored.map(restoreEntry);
+        for (const e of entries) sessions.set(e);
+      },
+      // A session with a close receipt was closed; otherwise it is freed here.
+      retireAgentSession: async (key) => {
+        if (!sessions.hasReceipt(key)) sessions.delete(key);
+      },
+    };
+  }
+
+  async seedSession(request: AgentSeedRequest): Promise<SimpleSessionState> {
+    return seedState(request);
+  }
+
+  async respond(inv: Invocation<SimpleSessionState>): Promise<AgentReply> {
+    const session = inv.session;
+    const access = session?.state.toolAccess ?? null;
+    const tools: ToolTarget | null = access
+      ? { baseUrl: toolBaseUrl(access.base_url, inv.episode), headers: access.headers }
+      : session === null && this.config.resourcesServerUrl
+        ? { baseUrl: toolBaseUrl(this.config.resourcesServerUrl, inv.episode), headers: {} }
+        : null;
+    const result = await runTurnLoop({
+      http: this.context.clients.data,
+      config: this.config,
+      body: inv.body,
+      episode: inv.episode,
+      handle: inv.handle,
+      invocationId: inv.invocationId,
+      tools,
+      jar: session ? session.state.resourcesCookies : { ...inv.cookies },
+      modelCookies: {},
+    });
+    const response = inv.keepTrajectory
+      ? { ...result.response, _ng_trajectory: result.trajectory }
+      : result.response;
+    if (session) {
+      session.state.resourcesCookies = result.state.resources_server_cookies;
+      session.state.observations.push(result.trajectory);
+      return { response, cookies: result.state.model_server_cookies };
+    }
+    return {
+      response,
+      cookies: {
+        ...result.state.model_server_cookies,
+        ...(result.state.resources_server_cookies ?? {}),
+      },
+    };
+  }
+
+  async legacyRun(request: LegacyRunRequest): Promise<JsonObject> {
+    const resources = this.config.resourcesServerUrl;
+    if (resources === null) {
+      throw new InvalidRequestError(
+        'this Simple Agent has no resources_server to run /run against',
+      );
+    }
+    return legacyRun({
+      ...request,
+      http: this.context.clients.data,
+      settings: {
+        resourcesServerUrl: resources,
+        skipVerification: this.config.skipVerification,
+        skipVerificationReward: this.config.skipVerificationReward,
+      },
+      logger: this.context.logger,
+    });
+  }
+
+  async closeSession(entry: AgentSessionEntry<SimpleSessionState>): Promise<AgentCloseResult> {
+    return {
+      agent_observations: { invocations: entry.state.observations },
+      resources_cookies: entry.state.resourcesCookies,
+    };
+  }
+}
+
+export function simpleAgent(context: AgentContext<SimpleSessionState>): SimpleAgent {
+  return new SimpleAgent(context);
+}

@@ -1,0 +1,366 @@
+import {
+  activate,
+  closeSession,
+  commit,
+  ep,
+  errorCode,
+  type Harness,
+  prepare,
+  restore,
+  resume,
+  seed,
+  startAgent,
+  startStack,
+  until,
+} from './support/harness.js';
+
+let h: Harness;
+const extra: Harness[] = [];
+afterEach(async () => {
+  for (const x of extra.splice(0)) await x.close();
+  await h.close();
+});
+
+/** A fresh agent process on the same stubs and checkpoint directory (after a "crash"). */
+async function freshProcess(): Promise<Harness> {
+  const next = await startAgent({ model: h.model, resources: h.resources, dir: h.dir });
+  extra.push(next);
+  return next;
+}
+
+/**
+ * Seeds `sess-1` on r1, holds activation 1 inside its first model call, checkpoints it (scope r1),
+ * then drops the old process's request and restores the checkpoint into a fresh process.
+ */
+async function checkpointInFirstModelCall(): Promise<{ next: Harness; cookie: string }> {
+  const s = await seed(h, 'sess-1', 'r1');
+  const held = h.model.holdNext();
+  const abort = new AbortController();
+  const running = activate(h, s, 'r1', 1, abort.signal).catch(() => undefined);
+  await held.arrived;
+  expect((await prepare(h, 'c1')).phase).toBe('prepared');
+  expect(await commit(h, 'c1', [ep('r1')])).toEqual(['r1']);
+  abort.abort();
+  held.gate.open();
+  await running;
+  const next = await freshProcess();
+  const restored = await restore(next, 'c1', [ep('r1')]);
+  expect(restored.status).toBe(200);
+  await resume(next, 'c1');
+  return { next, cookie: s.cookie };
+}
+
+describe('agent participant: activations under checkpointing', () => {
+  test('an activation without the rollout prefix is refused for a session seeded in this process, with no model call', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const reply = await activate(h, s, null, 1);
+    expect(reply.status).toBe(400);
+    expect(errorCode(reply)).toBe('rollout_id_required');
+    expect(h.model.calls).toHaveLength(0);
+  });
+
+  test('an activation without the rollout prefix is refused for a restored session, with no replay or claim', async () => {
+    h = await startStack();
+    const { next, cookie } = await checkpointInFirstModelCall();
+    const calls = h.model.calls.length;
+    const reply = await activate(next, { id: 'sess-1', cookie }, null, 1);
+    expect(errorCode(reply)).toBe('rollout_id_required');
+    expect(h.model.calls).toHaveLength(calls);
+    expect(next.agent.participant!.restoredPending()).toEqual([ep('r1', 1)]);
+  });
+
+  test('a request on the replaced attempt path is refused for the restored session', async () => {
+    h = await startStack();
+    const { next, cookie } = await checkpointInFirstModelCall();
+    const reply = await activate(next, { id: 'sess-1', cookie }, 'r1', 1);
+    expect(reply.status).toBe(409);
+    expect(errorCode(reply)).toBe('stale_attempt');
+    // Nor may an attempt other than the session's own, even one nothing retired.
+    expect(errorCode(await activate(next, { id: 'sess-1', cookie }, 'r1-a2', 1))).toBe(
+      'stale_attempt',
+    );
+    expect(next.agent.participant!.restoredPending()).toEqual([ep('r1', 1)]);
+  });
+
+  test('a restored activation continues from its boundary under the replacement prefix and keeps its invocation id', async () => {
+    h = await startStack();
+    const { next, cookie } = await checkpointInFirstModelCall();
+    const before = h.model.calls.length;
+    const reply = await activate(next, { id: 'sess-1', cookie }, 'r1-a1', 1);
+    expect(reply.status).toBe(200);
+    // The restored boundary is before the first model call: the call is made again, then the tool.
+    expect(h.model.calls.slice(before).map((c) => c.key)).toEqual(['r1-a1', 'r1-a1']);
+    expect(h.resources.calls.map((c) => c.key)).toEqual(['r1-a1']);
+    const closed = await closeSession(next, { id: 'sess-1', cookie });
+    const ids = (closed.body.agent_observations as { invocations: { invocation_id: string }[] })
+      .invocations;
+    expect(ids.map((i) => i.invocation_id)).toEqual(['root']);
+  });
+
+  test('a restored session’s next activation does not reuse an invocation id', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    expect((await activate(next, s, 'r1-a1', 2)).status).toBe(200);
+    const closed = await closeSession(next, s);
+    const ids = (closed.body.agent_observations as { invocations: { invocation_id: string }[] })
+      .invocations;
+    expect(ids.map((i) => i.invocation_id)).toEqual(['root', 'activation-2']);
+  });
+
+  test('an activation already completed is answered with its stored reply without running again', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const first = await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    const calls = h.model.calls.length;
+    const again = await activate(next, s, 'r1-a1', 1);
+    expect(again.status).toBe(200);
+    expect(again.body).toEqual(first.body);
+    expect(h.model.calls).toHaveLength(calls);
+    // No change to observations or the activation count either.
+    const entry = next.agent.sessions.get('sess-1')!;
+    expect([entry.activations, entry.completedActivation]).toEqual([1, 1]);
+  });
+
+  test('an activation index out of order is refused with 409 activation_out_of_order', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    expect(errorCode(await activate(h, s, 'r1', 2))).toBe('activation_out_of_order');
+    const bad = await activate(h, s, 'r1', 1);
+    expect(bad.status).toBe(200);
+    expect(errorCode(await activate(h, s, 'r1', 3))).toBe('activation_out_of_order');
+    expect(h.model.calls).toHaveLength(2);
+  });
+
+  test('an indexed session reply and its replay carry no trajectory, nor does the export', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const reply = await activate(h, s, 'r1', 1);
+    expect(reply.body).not.toHaveProperty('_ng_trajectory');
+    const replay = await activate(h, s, 'r1', 1);
+    expect(replay.body).not.toHaveProperty('_ng_trajectory');
+    const exported = await h.agent.participant!.export(null, new AbortController().signal);
+    expect(JSON.stringify(exported)).not.toContain('_ng_trajectory');
+    // A caller that sends no index still gets it.
+    const s2 = await seed(h, 'sess-2', 'r2');
+    expect((await activate(h, s2, 'r2')).body).toHaveProperty('_ng_trajectory');
+  });
+
+  test('an activation without an index keeps no reply', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1');
+    const entry = h.agent.sessions.get('sess-1')!;
+    expect(entry.completedActivation).toBe(1);
+    expect(entry.completedReply).toBeNull();
+  });
+
+  test('a request for an activation still running waits for it and gets its reply', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const held = h.model.holdNext();
+    const first = activate(h, s, 'r1', 1);
+    await held.arrived;
+    const second = activate(h, s, 'r1', 1);
+    await until(() => h.agent.participant !== undefined, 'participant');
+    held.gate.open();
+    const [a, b] = await Promise.all([first, second]);
+    expect(b.status).toBe(200);
+    expect(b.body).toEqual(a.body);
+    expect(h.model.calls).toHaveLength(2);
+  });
+
+  test('a model reply that arrives after prepare is held at the boundary before the call', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const held = h.model.holdNext();
+    let done = false;
+    const running = activate(h, s, 'r1', 1).then((r) => {
+      done = true;
+      return r;
+    });
+    await held.arrived;
+    expect((await prepare(h, 'c1')).phase).toBe('prepared');
+    held.gate.open();
+    await held.sent;
+    // The reply arrived; give the loop the chance to (wrongly) run its tool call before resume.
+    await new Promise((r) => setTimeout(r, 200));
+    expect(h.agent.participant!.ready()).toBe(true);
+    const records = await h.agent.participant!.export(null, new AbortController().signal);
+    expect(records[0]!.boundary).toEqual(
+      expect.objectContaining({ step: 0, pending_tools: false, new_outputs: [] }),
+    );
+    expect(h.resources.calls).toHaveLength(0);
+    expect(done).toBe(false);
+    await resume(h, 'c1');
+    expect((await running).status).toBe(200);
+    expect(h.resources.calls).toHaveLength(1);
+  });
+
+  test('a boundary leaves out the turn questions, and a resumed loop rebuilds them', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    // Park after the tool round: hold the second model call, checkpoint there.
+    const first = h.model.holdNext();
+    const abort = new AbortController();
+    const running = activate(h, s, 'r1', 1, abort.signal).catch(() => undefined);
+    await first.arrived;
+    const second = h.model.holdNext();
+    first.gate.open();
+    await second.arrived;
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    abort.abort();
+    second.gate.open();
+    await running;
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    const record = (await next.agent.participant!.export(null, new AbortController().signal))[0]!;
+    expect(record.boundary).toEqual(expect.objectContaining({ step: 1, question_outputs: [0] }));
+    expect(JSON.stringify(record.boundary)).not.toContain('"question"');
+    await resume(next, 'c1');
+    const before = { model: h.model.calls.length, tools: h.resources.calls.length };
+    // Without an index the reply carries the trajectory with every turn's question rebuilt.
+    const reply = await activate(next, s, 'r1-a1');
+    // It continued after the tool round: one model call, no tool call again.
+    expect(h.model.calls.length - before.model).toBe(1);
+    expect(h.resources.calls.length - before.tools).toBe(0);
+    const turns = (reply.body._ng_trajectory as { turns: { question: { type?: string }[] }[] })
+      .turns;
+    expect(turns.map((t) => t.question.length)).toEqual([1, 3]);
+    expect(turns[1]!.question.map((i) => i.type)).toEqual([
+      'message',
+      'function_call',
+      'function_call_output',
+    ]);
+  });
+
+  test('an activation continued from its restored boundary keeps its invocation id', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    const held = h.model.holdNext();
+    const abort = new AbortController();
+    const running = activate(h, s, 'r1', 2, abort.signal).catch(() => undefined);
+    await held.arrived;
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    abort.abort();
+    held.gate.open();
+    await running;
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    // Sent without an index, it continues activation 2 rather than starting a third.
+    const reply = await activate(next, s, 'r1-a1');
+    expect((reply.body._ng_trajectory as { invocation_id: string }).invocation_id).toBe(
+      'activation-2',
+    );
+  });
+
+  test('a restored activation keeps its boundary through a second checkpoint', async () => {
+    h = await startStack();
+    const { next } = await checkpointInFirstModelCall();
+    // Nobody claimed it yet: a second checkpoint that still continues it exports the same boundary.
+    await prepare(next, 'c2');
+    const records = await next.agent.participant!.export(
+      [ep('r1', 1)],
+      new AbortController().signal,
+    );
+    expect(records).toHaveLength(1);
+    expect(records[0]!.boundary).toEqual(expect.objectContaining({ step: 0, new_outputs: [] }));
+    await resume(next, 'c2');
+  });
+
+  test('a session without a resources cookie jar restores without one', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1', { tools: [] });
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    const closed = await closeSession(next, s);
+    expect(closed.status).toBe(200);
+    expect(closed.body.resources_cookies).toBeNull();
+  });
+
+  test('a restored session answered with its stored reply survives a commit that leaves its episode out', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    expect((await activate(next, s, 'r1-a1', 1)).status).toBe(200);
+    await prepare(next, 'c2');
+    expect(await commit(next, 'c2', [])).toEqual([]);
+    await resume(next, 'c2');
+    expect(next.agent.sessions.get('sess-1')).toBeDefined();
+    expect((await closeSession(next, s)).status).toBe(200);
+  });
+
+  test('a commit whose scope leaves out an unclaimed restored session frees it', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    await prepare(next, 'c2');
+    await commit(next, 'c2', []);
+    await resume(next, 'c2');
+    expect(next.agent.sessions.get('sess-1')).toBeUndefined();
+    expect(next.agent.participant!.restoredPending()).toEqual([]);
+  });
+
+  test('a commit does not export live sessions outside its scope', async () => {
+    h = await startStack();
+    await seed(h, 'sess-1', 'r1');
+    await seed(h, 'sess-2', 'r2');
+    await prepare(h, 'c1');
+    expect(await commit(h, 'c1', [ep('r2')])).toEqual(['r2']);
+    await resume(h, 'c1');
+  });
+
+  test('a restored session’s direct HTTP tool call goes under the replacement prefix with the restored jar', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    await activate(next, s, 'r1-a1', 2);
+    expect(h.resources.calls.map((c) => [c.key, c.cookie])).toEqual([
+      ['r1', 'res_session=seeded'],
+      ['r1-a1', 'res_session=r1'],
+    ]);
+  });
+
+  test('a restore is refused while the process holds live sessions', async () => {
+    h = await startStack();
+    await seed(h, 'sess-1', 'r1');
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    await resume(h, 'c1');
+    const reply = await restore(h, 'c1', [ep('r1')]);
+    expect(reply.status).toBe(409);
+  });
+});

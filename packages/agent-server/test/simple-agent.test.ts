@@ -1,0 +1,184 @@
+import express from 'express';
+
+import { createHttpClients, createLogger, type JsonObject, listen } from '@ckpt-gym/core';
+
+import type { ActivationHandle } from '../src/participant.js';
+
+import { createAgentServer } from '../src/app.js';
+import { mergeSetCookies } from '../src/sessions.js';
+import {
+  type LoopState,
+  rebuildQuestions,
+  runTurnLoop,
+  simpleAgent,
+  simpleAgentConfig,
+  toolBaseUrl,
+} from '../src/simple-agent.js';
+import { activate, type Harness, seed, startStack } from './support/harness.js';
+import { startStubModel, startStubResources } from './support/stubs.js';
+import { response } from './support/stubs.js';
+
+let h: Harness;
+afterEach(async () => {
+  await h?.close();
+});
+
+describe('Simple Agent turn loop', () => {
+  test('max_steps stops the loop after that many model calls, as incomplete', async () => {
+    h = await startStack({ config: { max_steps: 1 } });
+    const s = await seed(h, 'sess-1', 'r1');
+    const reply = await activate(h, s, 'r1', 1);
+    expect(reply.body.status).toBe('incomplete');
+    expect(h.model.calls).toHaveLength(1);
+    expect(h.resources.calls).toHaveLength(1);
+  });
+
+  test('each turn resends the whole conversation', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    const second = h.model.calls[1]!.body.input as { type: string }[];
+    expect(second.map((i) => i.type)).toEqual(['message', 'function_call', 'function_call_output']);
+  });
+
+  test('invalid tool call arguments become an error output without a tool call', async () => {
+    const model = express();
+    model.use(express.json());
+    let calls = 0;
+    model.post(/.*/, (_req, res) => {
+      calls += 1;
+      res.json(
+        response(
+          calls === 1
+            ? [
+                {
+                  type: 'function_call',
+                  call_id: 'c1',
+                  name: 'get_weather',
+                  arguments: '{not json',
+                },
+              ]
+            : [
+                {
+                  type: 'message',
+                  role: 'assistant',
+                  content: [{ type: 'output_text', text: 'ok' }],
+                },
+              ],
+        ),
+      );
+    });
+    const modelServer = await listen(model, 0);
+    const agent = createAgentServer(simpleAgent, {
+      name: 'a',
+      checkpoint: undefined,
+      config: { model_server_url: modelServer.url },
+      logger: createLogger({ level: 'error' }),
+    });
+    const server = await listen(agent.app, 0);
+    try {
+      const res = await fetch(`${server.url}/v1/responses`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ input: 'hi' }),
+      });
+      const body = (await res.json()) as { output: { type: string; output?: string }[] };
+      expect(body.output[1]!.output).toMatch(/Invalid tool call arguments/);
+    } finally {
+      await server.close();
+      await modelServer.close();
+      agent.close();
+    }
+  });
+});
+
+describe('Simple Agent helpers', () => {
+  test('tool calls go under the activation prefix in place of the grant’s', () => {
+    expect(toolBaseUrl('http://h:1/ng-rollout/r1', { rollout_id: 'r1', attempt: 2 })).toBe(
+      'http://h:1/ng-rollout/r1-a2',
+    );
+    expect(toolBaseUrl('http://h:1/', undefined)).toBe('http://h:1');
+  });
+
+  test('questions are rebuilt from the input and the outputs each one held', () => {
+    const input = [{ type: 'message' }];
+    const outputs = [
+      { type: 'function_call' },
+      { type: 'function_call_output' },
+      { type: 'message' },
+    ];
+    expect(rebuildQuestions(input, outputs, [0, 2]).map((q) => q.length)).toEqual([1, 3]);
+  });
+
+  test('a jar with no cookies set stays as it was, including none', () => {
+    expect(mergeSetCookies(null, undefined)).toBeNull();
+    expect(mergeSetCookies(null, ['a=1; Path=/'])).toEqual({ a: '1' });
+  });
+});
+
+describe('Simple Agent boundaries', () => {
+  /** A handle that records each boundary as built at the time (and never parks). */
+  function recordingHandle(continuation: JsonObject | null = null) {
+    const boundaries: JsonObject[] = [];
+    const handle: ActivationHandle = {
+      key: 'k',
+      signal: new AbortController().signal,
+      continuation,
+      boundary: async (build) => {
+        boundaries.push(build());
+      },
+      awaitingModel: (call) => call(),
+    };
+    return { handle, boundaries };
+  }
+
+  async function loop(continuation: JsonObject | null = null) {
+    const model = await startStubModel();
+    const resources = await startStubResources();
+    const clients = createHttpClients();
+    const { handle, boundaries } = recordingHandle(continuation);
+    try {
+      const result = await runTurnLoop({
+        http: clients.data,
+        config: simpleAgentConfig({ model_server_url: model.url }),
+        body: { input: 'weather?' },
+        episode: { rollout_id: 'r1', attempt: 0 },
+        handle,
+        invocationId: 'root',
+        tools: { baseUrl: `${resources.url}/ng-rollout/r1`, headers: {} },
+        jar: null,
+        modelCookies: {},
+      });
+      return {
+        result,
+        boundaries,
+        modelCalls: model.calls.length,
+        toolCalls: resources.calls.length,
+      };
+    } finally {
+      clients.close();
+      await model.close();
+      await resources.close();
+    }
+  }
+
+  test('boundaries come before each model call and after the reply that asks for tools', async () => {
+    const { boundaries } = await loop();
+    expect(
+      boundaries.map((b) => [b.step, b.pending_tools, (b.new_outputs as unknown[]).length]),
+    ).toEqual([
+      [0, false, 0],
+      [1, true, 1],
+      [1, false, 2],
+    ]);
+  });
+
+  test('a loop continued from a pending-tools boundary runs the tools without calling the model first', async () => {
+    const { boundaries } = await loop();
+    const pending = boundaries[1] as unknown as LoopState;
+    const continued = await loop(pending as unknown as JsonObject);
+    expect(continued.toolCalls).toBe(1);
+    expect(continued.modelCalls).toBe(1);
+    expect(continued.result.state.question_outputs).toEqual([0, 2]);
+  });
+});

@@ -1,0 +1,300 @@
+/**
+ * The environment participant: live episodes run on core's `EpisodeSteps`; a checkpoint exports
+ * each one's latest boundary with the digest of its task; a restore installs them under the next
+ * attempt, where the replacement `/run` continues from that boundary.
+ */
+import { createHash } from 'node:crypto';
+
+import {
+  type AdmissionRequest,
+  AdmissionClosedError,
+  BaseParticipant,
+  type Boundary,
+  captureKey,
+  CheckpointError,
+  CheckpointStateError,
+  covers,
+  type EpisodeContext,
+  type EpisodeId,
+  episodeIdFromJson,
+  EpisodeSteps,
+  type JsonObject,
+  type JsonValue,
+  nextAttempt,
+  parseCaptureKey,
+  type PrepareReport,
+  prepareReport,
+  RetireIncompleteError,
+  StaleAttemptError,
+} from '@ckpt-gym/core';
+
+export interface EnvironmentRecord {
+  episode_id: EpisodeId;
+  task_digest: string;
+  /** Null: no boundary was recorded; the episode starts over from its input. */
+  boundary: Boundary | null;
+  [field: string]: unknown;
+}
+
+// --- the task digest, byte-compatible with Python's json.dumps(sort_keys=True) ----------------
+
+/** Python's float repr: shortest digits, exponent form below 1e-4 and from 1e16 on. */
+function pythonNumber(n: number): string {
+  if (Number.isNaN(n)) return 'NaN';
+  if (n === Infinity) return 'Infinity';
+  if (n === -Infinity) return '-Infinity';
+  // JSON parsing cannot tell 1 from 1.0; integral values are written as Python ints.
+  if (Number.isInteger(n) && Math.abs(n) < 1e16) return Object.is(n, -0) ? '-0.0' : String(n);
+  const [mantissa = '', exponent = '0'] = n.toExponential().split('e');
+  const exp = Number(exponent);
+  if (exp < -4 || exp >= 16) {
+    const sign = exp < 0 ? '-' : '+';
+    return `${mantissa}e${sign}${String(Math.abs(exp)).padStart(2, '0')}`;
+  }
+  return String(n);
+}
+
+/** Python's ensure_ascii string escaping. */
+function pythonString(s: string): string {
+  return JSON.stringify(s).replace(
+    /[\u007f-\uffff]/g,
+    (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+  );
+}
+
+/** Code-point order, as Python sorts str keys (UTF-16 order differs above the BMP). */
+function compareCodePoints(a: string, b: string): number {
+  const ai = [...a];
+  const bi = [...b];
+  for (let i = 0; i < Math.min(ai.length, bi.length); i += 1) {
+    const d = ai[i]!.codePointAt(0)! - bi[i]!.codePointAt(0)!;
+    if (d !== 0) return d;
+  }
+  return ai.length - bi.length;
+}
+
+/** `json.dumps(value, sort_keys=True, separators=(",", ":"))` with Python's defaults. */
+export function canonicalPythonJson(value: JsonValue): string {
+  if (value === null) return 'null';
+  if (typeof value === 'boolean') return value ? 'true' : 'false';
+  if (typeof value === 'bigint') return value.toString();
+  if (typeof value === 'number') return pythonNumber(value);
+  if (typeof value === 'string') return pythonString(value);
+  if (Array.isArray(value)) return `[${value.map(canonicalPythonJson).join(',')}]`;
+  const keys = Object.keys(value).sort(compareCodePoints);
+  return `{${keys.map((k) => `${pythonString(k)}:${canonicalPythonJson(value[k]!)}`).join(',')}}`;
+}
+
+/** SHA-256 (hex) of the task's canonical JSON: a restored record continues only the same task. */
+export function taskDigest(task: JsonObject): string {
+  return createHash('sha256').update(canonicalPythonJson(task), 'utf8').digest('hex');
+}
+
+// --- the participant -------------------------------------------------------------------------
+
+export interface EpisodeRunOptions {
+  deadlineSeconds?: number | null;
+  /** The protocol records no boundaries: the episode is a restart from the start. */
+  restart?: boolean;
+}
+
+const SHA256_HEX = /^[0-9a-f]{64}$/;
+
+export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
+  readonly steps: EpisodeSteps;
+  /** Unclaimed restored episodes by replacement capture key; records name the replacement. */
+  private readonly restored = new Map<string, EnvironmentRecord>();
+  private readonly digests = new Map<string, string>();
+  /** Set by a restore: replacements wait for the controller's resume. */
+  private awaitingResume = false;
+  private carriedRestarts: ReadonlySet<string> = new Set();
+
+  constructor(instance: string) {
+    super('environment', instance);
+    this.steps = new EpisodeSteps({ onChange: () => this.notifyChange() });
+  }
+
+  /**
+   * Begins the episode and runs `work` under its steps. Checks, in order: a retired attempt
+   * (`stale_attempt`); admission closed for anything but a replacement after the post-restore
+   * resume (`admission_closed`); a restored record for another task (`checkpoint_error`); an
+   * attempt already running (`checkpoint_error`). A refused request owns nothing.
+   */
+  run<T>(
+    episode: EpisodeId,
+    task: JsonObject,
+    options: EpisodeRunOptions,
+    work: (ep: EpisodeContext) => Promise<T>,
+  ): Promise<T> {
+    if (this.marks.isRetired(episode)) {
+      return Promise.reject(
+        new StaleAttemptError(
+          `rollout '${episode.rollout_id}' attempt ${episode.attempt} was retired`,
+        ),
+      );
+    }
+    const key = captureKey(episode);
+    const digest = taskDigest(task);
+    const restored = this.restored.get(key);
+    if (this.steps.closed && (restored === undefined || this.awaitingResume)) {
+      return Promise.reject(
+        new AdmissionClosedError('episode admission is closed for a checkpoint'),
+      );
+    }
+    if (restored !== undefined && restored.task_digest !== digest) {
+      return Promise.reject(
+        new CheckpointError(`episode ${key} continues a checkpoint recorded for a different task`),
+      );
+    }
+    if (this.steps.has(key)) {
+      return Promise.reject(new CheckpointError(`episode ${key} is already running`));
+    }
+    return this.steps.run(
+      key,
+      {
+        continuation: restored?.boundary ?? null,
+        deadlineSeconds: options.deadlineSeconds ?? null,
+        restart: options.restart ?? false,
+      },
+      async (ep) => {
+        // Claimed only now: the restored record stays until a replacement actually starts.
+        this.restored.delete(key);
+        this.digests.set(key, digest);
+        try {
+          return await work(ep);
+        } finally {
+          this.digests.delete(key);
+        }
+      },
+    );
+  }
+
+  closeAdmission(request: AdmissionRequest): Promise<void> {
+    this.carriedRestarts = request.carriedRestarts;
+    this.steps.close();
+    return Promise.resolve();
+  }
+
+  openAdmission(): Promise<void> {
+    this.awaitingResume = false;
+    this.carriedRestarts = new Set();
+    this.steps.open();
+    return Promise.resolve();
+  }
+
+  ready(): boolean {
+    return this.steps.blockerCount() === 0;
+  }
+
+  readiness(): PrepareReport {
+    return prepareReport({
+      blockers: this.steps.blockers(),
+      blockerCount: this.steps.blockerCount(),
+      counts: { episodes: this.steps.size },
+      restarts: this.steps.restarts(),
+    });
+  }
+
+  /** Live parked or replay-step episodes in scope, plus unclaimed restored episodes in scope. */
+  export(scope: readonly EpisodeId[] | null): Promise<EnvironmentRecord[]> {
+    const inScope = scope === null ? null : new Set(scope.map(captureKey));
+    const records: EnvironmentRecord[] = [];
+    for (const [key, boundary] of this.steps.exported()) {
+      if (inScope !== null && !inScope.has(key)) continue;
+      if (this.carriedRestarts.has(key)) continue;
+      const digest = this.digests.get(key);
+      if (digest === undefined) continue;
+      records.push({ episode_id: parseCaptureKey(key), task_digest: digest, boundary });
+    }
+    for (const [key, record] of this.restored) {
+      if (inScope === null || inScope.has(key)) records.push({ ...record });
+    }
+    return Promise.resolve(records);
+  }
+
+  validateRecord(record: JsonObject, key: string): EnvironmentRecord {
+    const { episode_id, task_digest, boundary, ...extra } = record;
+    const problems: string[] = [];
+    if (Object.keys(extra).length > 0)
+      problems.push(`unknown keys ${Object.keys(extra).join(', ')}`);
+    if (typeof task_digest !== 'string' || !SHA256_HEX.test(task_digest)) {
+      problems.push('task_digest must be a sha256 hex digest');
+    }
+    const isObject = typeof boundary === 'object' && boundary !== null && !Array.isArray(boundary);
+    if (boundary !== null && !isObject) problems.push('boundary must be an object or null');
+    let episode: EpisodeId | undefined;
+    try {
+      episode = episodeIdFromJson(episode_id);
+    } catch (err) {
+      problems.push((err as Error).message);
+    }
+    if (problems.length > 0 || episode === undefined) {
+      throw new CheckpointStateError(`environment record ${key}: ${problems.join('; ')}`);
+    }
+    return {
+      episode_id: episode,
+      task_digest: task_digest as string,
+      boundary: (boundary ?? null) as Boundary | null,
+    };
+  }
+
+  override checkRestore(): void {
+    if (this.steps.size > 0 || this.restored.size > 0) {
+      throw new CheckpointError('environment restore requires a process without live episodes');
+    }
+  }
+
+  install(records: EnvironmentRecord[]): Promise<void> {
+    this.checkRestore();
+    for (const record of records) {
+      const replacement = nextAttempt(record.episode_id);
+      this.restored.set(captureKey(replacement), { ...record, episode_id: replacement });
+    }
+    this.awaitingResume = true;
+    return Promise.resolve();
+  }
+
+  restoredPending(): EpisodeId[] {
+    return [...this.restored.keys()].map(parseCaptureKey);
+  }
+
+  /** Frees the restored record only: the controller may still start that attempt over. */
+  override deleteRestored(episode: EpisodeId): Promise<void> {
+    this.restored.delete(captureKey(episode));
+    return Promise.resolve();
+  }
+
+  /** Stops every covered live attempt and waits for it to end (cleanup included); frees records. */
+  async retire(episode: EpisodeId): Promise<void> {
+    const live = [...this.steps.keys()].filter((key) => covers(episode, parseCaptureKey(key)));
+    await Promise.all(live.map((key) => this.steps.retire(key)));
+    for (const key of [...this.restored.keys()]) {
+      if (covers(episode, parseCaptureKey(key))) this.restored.delete(key);
+    }
+  }
+
+  /** A rollout whose retired attempt is still running (a retire cut short) keeps its mark. */
+  override checkForget(rolloutIds: readonly string[]): void {
+    const ids = new Set(rolloutIds);
+    for (const key of this.steps.keys()) {
+      const episode = parseCaptureKey(key);
+      if (ids.has(episode.rollout_id) && this.steps.state(key)?.retired) {
+        throw new RetireIncompleteError(
+          `rollout '${episode.rollout_id}' still has a retired episode running (${key}); retire again first`,
+        );
+      }
+    }
+  }
+
+  /**
+   * `episodes` (every live capture key, restarts included) and `restored_pending` (unclaimed
+   * restored episodes by their replacement attempt): what a controller commits when it continues
+   * everything in flight (the coordinator CLI's `checkpoint`).
+   */
+  override statusExtra(): Record<string, unknown> {
+    return {
+      episodes: [...this.steps.keys()].sort(),
+      restored_pending: [...this.restored.keys()].sort(),
+    };
+  }
+}

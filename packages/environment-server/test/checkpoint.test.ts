@@ -1,0 +1,600 @@
+/**
+ * The environment participant through real HTTP: the #3885 validation list, begin's checks,
+ * restarts, export and restore. Agent and resources are stub servers.
+ */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { CheckpointStateError } from '@ckpt-gym/core';
+import { jest } from '@jest/globals';
+
+import { EnvironmentParticipant } from '../src/participant.js';
+import type { EnvironmentProtocol } from '../src/protocol.js';
+import { Harness, type HarnessOptions, runBody, until } from './support/harness.js';
+import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
+
+const R1 = { rollout_id: 'r1', attempt: 0 };
+const R1_A1 = { rollout_id: 'r1', attempt: 1 };
+
+let root = '';
+const harnesses: Harness[] = [];
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), 'env-ckpt-'));
+});
+afterEach(async () => {
+  for (const x of harnesses.splice(0)) await x.close();
+  await rm(root, { recursive: true, force: true });
+});
+
+/** A fresh environment server process over fresh stubs, sharing the test's checkpoint root. */
+async function server(options: HarnessOptions = {}): Promise<Harness> {
+  const x = await new Harness({ dir: root, ...options }).start();
+  harnesses.push(x);
+  return x;
+}
+
+/** Simulates a crash of every gym process: the server and its stubs go away. */
+async function crash(x: Harness): Promise<void> {
+  harnesses.splice(harnesses.indexOf(x), 1);
+  await x.close();
+}
+
+function episodeState(x: Harness, key: string) {
+  return x.env.participant!.steps.state(key)?.state;
+}
+
+function failureOf(reply: { body: Record<string, unknown> }): Record<string, unknown> {
+  return reply.body.failure as Record<string, unknown>;
+}
+
+/** Starts r1 with its activation held, checkpoints it (parked at invoke_agent) as `id`. */
+async function checkpointDuringActivation(x: Harness, id = 'c1') {
+  const activation = new Gate();
+  x.agent.on('/v1/responses', { gate: activation });
+  const run = x.run(runBody('r1'));
+  run.catch(() => undefined);
+  await x.agent.arrived('/v1/responses');
+  expect((await x.prepare(id)).body.phase).toBe('prepared');
+  const commit = await x.commit(id, [R1]);
+  expect(commit.body.episode_ids).toEqual(['r1']);
+  return { activation, run };
+}
+
+describe('begin', () => {
+  it('refuses a retired attempt with stale_attempt until the rollout is forgotten', async () => {
+    const x = await server();
+    expect((await x.retire([R1])).status).toBe(200);
+    const refused = await x.run(runBody('r1'));
+    expect(refused.status).toBe(409);
+    expect(refused.body.error).toEqual({
+      code: 'stale_attempt',
+      detail: "rollout 'r1' attempt 0 was retired",
+    });
+    expect(x.resources.calls).toEqual([]);
+    await x.forget(['r1']);
+    expect((await x.run(runBody('r1'))).body.result).toMatchObject({ reward: 1 });
+  });
+
+  it('refuses a new episode with admission_closed while a checkpoint is open', async () => {
+    const x = await server();
+    await x.prepare('c1');
+    const refused = await x.run(runBody('r1'));
+    expect(refused.status).toBe(409);
+    expect((refused.body.error as Record<string, unknown>).code).toBe('admission_closed');
+    await x.resume('c1');
+    expect((await x.run(runBody('r1'))).status).toBe(200);
+  });
+
+  it('checks retired before admission closed', async () => {
+    const x = await server();
+    await x.retire([R1]);
+    await x.prepare('c1');
+    expect(((await x.run(runBody('r1'))).body.error as Record<string, unknown>).code).toBe(
+      'stale_attempt',
+    );
+  });
+
+  it('refuses a duplicate /run of a live attempt, and the refused request owns nothing', async () => {
+    const x = await server();
+    const activation = new Gate();
+    x.agent.on('/v1/responses', { gate: activation });
+    const live = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    const duplicate = await x.run(runBody('r1'));
+    expect(duplicate.status).toBe(409);
+    expect(duplicate.body.error).toEqual({
+      code: 'checkpoint_error',
+      detail: 'episode r1 is already running',
+    });
+    // Nothing was closed for the refused request and the live one is still tracked.
+    expect(x.agent.count('/v1/agent_sessions/close')).toBe(0);
+    expect(x.resources.count('/close_session')).toBe(0);
+    expect(x.report().counts).toEqual({ episodes: 1 });
+    activation.open();
+    expect((await live).body.result).toMatchObject({ reward: 1 });
+    expect(x.resources.count('/close_session')).toBe(1);
+  });
+
+  it('untracks an episode whose final cleanup was cut short', async () => {
+    const x = await server({ cleanupTimeoutSeconds: 0.2 });
+    x.resources.on('/close_session', { gate: new Gate() });
+    const reply = await x.run(runBody('r1'));
+    expect(reply.body.result).toMatchObject({ reward: 1 });
+    expect(x.report().counts).toEqual({ episodes: 0 });
+    expect((await x.run(runBody('r1'))).status).toBe(200);
+  });
+});
+
+describe('retire', () => {
+  it('does not interrupt an episode in its final cleanup', async () => {
+    const x = await server();
+    const close = new Gate();
+    x.resources.on('/close_session', { gate: close });
+    const run = x.run(runBody('r1'));
+    await x.resources.arrived('/close_session');
+    const retire = x.retire([R1]);
+    await until(() => x.env.participant!.steps.state('r1')?.retired === true, 'the retire');
+    close.open();
+    expect((await retire).body).toEqual({ retired_count: 1 });
+    const reply = await run;
+    // Not cancelled: the verdict stands and the close completed.
+    expect(reply.body.result).toMatchObject({ reward: 1 });
+    expect(x.resources.calls.find((c) => c.path === '/close_session')!.finished).toBe(true);
+  });
+
+  it('replies only after the episode and its cleanup have ended', async () => {
+    const x = await server();
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    const close = new Gate();
+    x.resources.on('/close_session', { gate: close });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    let retired = false;
+    const retire = x.retire([R1]).then((r) => {
+      retired = true;
+      return r;
+    });
+    await x.resources.arrived('/close_session');
+    // The cancelled episode closed its agent session, and now waits on the resources close.
+    expect(x.agent.count('/v1/agent_sessions/close')).toBe(1);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    expect(retired).toBe(false);
+    close.open();
+    expect((await retire).status).toBe(200);
+    expect(x.report().counts).toEqual({ episodes: 0 });
+    const reply = await run;
+    expect(reply.status).toBe(409);
+    expect((reply.body.error as Record<string, unknown>).code).toBe('stale_attempt');
+  });
+
+  it('cut short by its deadline blocks the next prepare, is not committed, and a retry after resume frees it', async () => {
+    const x = await server();
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    const close = new Gate();
+    x.resources.on('/close_session', { gate: close });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    const cut = await x.retire([R1], 0.3);
+    expect((cut.body.error as Record<string, unknown>).code).toBe('deadline_exceeded');
+    const prepare = await x.prepare('c1', 0.3);
+    expect(prepare.body.phase).toBe('preparing');
+    expect((prepare.body.report as Record<string, unknown>).blockers).toEqual(['r1']);
+    const commit = await x.commit('c1', null);
+    expect(commit.status).toBe(409);
+    await x.resume('c1');
+    // Forget is refused while the retired attempt still runs.
+    expect(((await x.forget(['r1'])).body.error as Record<string, unknown>).code).toBe(
+      'retire_incomplete',
+    );
+    const retry = x.retire([R1]);
+    close.open();
+    expect((await retry).status).toBe(200);
+    expect(x.report().counts).toEqual({ episodes: 0 });
+    expect((await run).status).toBe(409);
+    expect((await x.forget(['r1'])).body).toEqual({ forgotten_count: 1 });
+  });
+
+  it('stops an episode parked after its replay step raised', async () => {
+    const x = await server();
+    const activation = new Gate();
+    x.agent.on('/v1/responses', { gate: activation, status: 500 });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    await x.prepare('c1');
+    activation.open();
+    await until(() => episodeState(x, 'r1') === 'parked', 'the failed step to park');
+    // The control route refuses retire while prepared, so drive the participant's hook.
+    await x.env.participant!.retire(R1);
+    expect(x.report().counts).toEqual({ episodes: 0 });
+    const reply = await run;
+    expect((reply.body.error as Record<string, unknown>).code).toBe('stale_attempt');
+    await x.resume('c1');
+  });
+});
+
+describe('checkpoints', () => {
+  it('status lists every live episode, so a controller can commit everything in flight', async () => {
+    const x = await server();
+    const activation = new Gate();
+    x.agent.on('/v1/responses', { gate: activation });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    expect(await x.status()).toMatchObject({ episodes: ['r1'], restored_pending: [] });
+    activation.open();
+    expect((await run).body.result).toMatchObject({ reward: 1 });
+    expect((await x.status()).episodes).toEqual([]);
+  });
+
+  it('an agent that returns during a checkpoint parks at close_agent and stays ready', async () => {
+    const x = await server();
+    const activation = new Gate();
+    x.agent.on('/v1/responses', { gate: activation });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    expect((await x.prepare('c1')).body.phase).toBe('prepared');
+    activation.open();
+    await until(() => episodeState(x, 'r1') === 'parked', 'the episode to park');
+    expect(x.env.participant!.ready()).toBe(true);
+    expect(x.agent.count('/v1/agent_sessions/close')).toBe(0);
+    await x.commit('c1', [R1]);
+    const [record] = await x.records('c1');
+    expect(record!.boundary).toMatchObject({ next: 'close_agent', response: AGENT_RESPONSE });
+    await x.resume('c1');
+    expect((await run).body.result).toMatchObject({ reward: 1 });
+  });
+
+  it('a restore at close_agent closes and verifies without invoking the agent', async () => {
+    const first = await server();
+    const activation = new Gate();
+    first.agent.on('/v1/responses', { gate: activation });
+    first.background(runBody('r1'));
+    await first.agent.arrived('/v1/responses');
+    await first.prepare('c1');
+    activation.open();
+    await until(() => episodeState(first, 'r1') === 'parked', 'the episode to park');
+    await first.commit('c1', [R1]);
+    await crash(first);
+
+    const second = await server();
+    expect((await second.restore('c1', [R1])).body.restored).toEqual(['r1-a1']);
+    await second.resume('c1');
+    const reply = await second.run(runBody('r1', 1));
+    expect(reply.body.result).toEqual({
+      reward: 1,
+      response: AGENT_RESPONSE,
+      ng_agent_observations: OBSERVATIONS,
+    });
+    expect(second.agent.paths()).toEqual(['/v1/agent_sessions/close']);
+    expect(second.resources.paths()).toEqual(['/verify', '/close_session']);
+    expect(second.resources.calls.every((c) => c.key === 'r1-a1')).toBe(true);
+  });
+
+  it('a commit does not export live episodes outside its scope', async () => {
+    const x = await server();
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    x.background(runBody('r1'));
+    x.background(runBody('r2'));
+    await x.agent.arrived('/v1/responses', 2);
+    await x.prepare('c1');
+    expect((await x.commit('c1', [R1])).body.episode_ids).toEqual(['r1']);
+    expect((await x.records('c1')).map((r) => r.episode_id)).toEqual([R1]);
+  });
+
+  it('a replay step that fails during a checkpoint is exported with no boundary, replies only after resume, and starts over after a crash', async () => {
+    const first = await server();
+    const activation = new Gate();
+    first.agent.on('/v1/responses', { gate: activation, status: 500 });
+    let replied = false;
+    const run = first.run(runBody('r1')).then((r) => {
+      replied = true;
+      return r;
+    });
+    await first.agent.arrived('/v1/responses');
+    expect((await first.prepare('c1')).body.phase).toBe('prepared');
+    activation.open();
+    await until(() => episodeState(first, 'r1') === 'parked', 'the failed step to park');
+    expect(first.env.participant!.ready()).toBe(true);
+    const commit = await first.commit('c1', [R1]);
+    expect(commit.body.episode_ids).toEqual(['r1']);
+    expect((await first.records('c1'))[0]!.boundary).toBeNull();
+    // Neither the agent close nor the reply happen while Gym is prepared.
+    expect(replied).toBe(false);
+    expect(first.agent.count('/v1/agent_sessions/close')).toBe(0);
+    expect(first.resources.count('/close_session')).toBe(0);
+    await first.resume('c1');
+    const reply = await run;
+    expect(failureOf(reply)).toMatchObject({
+      stage: 'agent',
+      terminal: false,
+      ng_agent_observations: OBSERVATIONS,
+    });
+    await crash(first);
+
+    const second = await server();
+    await second.restore('c1', [R1]);
+    await second.resume('c1');
+    expect((await second.run(runBody('r1', 1))).body.result).toMatchObject({ reward: 1 });
+    expect(second.resources.paths()[0]).toBe('/seed_session');
+  });
+
+  it('an agent failure during a checkpoint closes the agent session only after resume', async () => {
+    const x = await server();
+    const activation = new Gate();
+    x.agent.on('/v1/responses', { gate: activation, status: 503 });
+    const run = x.run(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    await x.prepare('c1');
+    activation.open();
+    await until(() => episodeState(x, 'r1') === 'parked', 'the failed step to park');
+    expect(x.agent.count('/v1/agent_sessions/close')).toBe(0);
+    await x.resume('c1');
+    const reply = await run;
+    expect(x.agent.count('/v1/agent_sessions/close')).toBe(1);
+    expect(failureOf(reply).ng_agent_observations).toEqual(OBSERVATIONS);
+  });
+
+  it('replacements are refused until the controller resumes, then continue from the boundary', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    expect((await second.status()).restored_pending).toEqual(['r1-a1']);
+    const early = await second.run(runBody('r1', 1));
+    expect((early.body.error as Record<string, unknown>).code).toBe('admission_closed');
+    await second.resume('c1');
+    const reply = await second.run(runBody('r1', 1));
+    expect(reply.body.result).toMatchObject({ reward: 1 });
+    // Continued at invoke_agent: the seeds are not sent again.
+    expect(second.agent.paths()).toEqual(['/v1/responses', '/v1/agent_sessions/close']);
+    expect((await second.status()).restored_pending).toEqual([]);
+  });
+
+  it('refuses a replacement for another task with checkpoint_error', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    await second.resume('c1');
+    const other = await second.run(runBody('r1', 1, { expected_city: 'Rome' }));
+    expect(other.body.error).toEqual({
+      code: 'checkpoint_error',
+      detail: 'episode r1-a1 continues a checkpoint recorded for a different task',
+    });
+    expect((await second.status()).restored_pending).toEqual(['r1-a1']);
+  });
+
+  it('checks admission before the task digest', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    const other = await second.run(runBody('r1', 1, { expected_city: 'Rome' }));
+    expect((other.body.error as Record<string, unknown>).code).toBe('admission_closed');
+  });
+
+  it('re-exports an unclaimed restored episode under its replacement attempt, and a second crash continues it', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    await second.resume('c1');
+    await second.prepare('c2');
+    expect((await second.commit('c2', [R1_A1])).body.episode_ids).toEqual(['r1-a1']);
+    const [original] = await first.records('c1');
+    const [carried] = await second.records('c2');
+    expect(carried).toEqual({ ...original, episode_id: R1_A1 });
+    await second.resume('c2');
+    await crash(second);
+    const third = await server();
+    expect((await third.restore('c2', [R1_A1])).body.restored).toEqual(['r1-a2']);
+    await third.resume('c2');
+    expect((await third.run(runBody('r1', 2))).body.result).toMatchObject({ reward: 1 });
+  });
+
+  it('a commit whose scope leaves out a restored episode retires it', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    await second.resume('c1');
+    await second.prepare('c2');
+    const commit = await second.commit('c2', [{ rollout_id: 'other', attempt: 0 }]);
+    expect(commit.body.episode_ids).toEqual([]);
+    expect((await second.status()).restored_pending).toEqual([]);
+    await second.resume('c2');
+    // No mark was left: the controller may start that attempt over from its input.
+    const fresh = await second.run(runBody('r1', 1));
+    expect(fresh.body.result).toMatchObject({ reward: 1 });
+    expect(second.resources.paths()[0]).toBe('/seed_session');
+  });
+
+  it.each(['close_agent', 'return'])(
+    'a replacement restored at %s and admitted during a second checkpoint parks before its stage',
+    async (stage) => {
+      const first = await server();
+      const gate = new Gate();
+      if (stage === 'close_agent') {
+        first.agent.on('/v1/responses', { gate });
+      } else {
+        first.resources.on('/seed_session', { headers: { 'x-ng-checkpoint-verify': 'replay' } });
+        first.resources.on('/verify', { gate });
+      }
+      first.background(runBody('r1'));
+      await (stage === 'close_agent'
+        ? first.agent.arrived('/v1/responses')
+        : first.resources.arrived('/verify'));
+      await first.prepare('c1');
+      gate.open();
+      await until(() => episodeState(first, 'r1') === 'parked', 'the episode to park');
+      await first.commit('c1', [R1]);
+      const [record] = await first.records('c1');
+      expect((record!.boundary as Record<string, unknown>).next).toBe(stage);
+      await crash(first);
+
+      const second = await server();
+      await second.restore('c1', [R1]);
+      await second.resume('c1');
+      expect((await second.prepare('c2')).body.phase).toBe('prepared');
+      let replied = false;
+      const run = second.run(runBody('r1', 1)).then((r) => {
+        replied = true;
+        return r;
+      });
+      await until(() => episodeState(second, 'r1-a1') === 'parked', 'the replacement to park');
+      expect(second.env.participant!.ready()).toBe(true);
+      expect((await second.status()).report).toMatchObject({ ready: true, blocker_count: 0 });
+      expect([...second.agent.calls, ...second.resources.calls]).toEqual([]);
+      await second.commit('c2', [R1_A1]);
+      const [again] = await second.records('c2');
+      expect(again!.boundary).toEqual(record!.boundary);
+      expect(replied).toBe(false);
+      await second.resume('c2');
+      expect((await run).body.result).toMatchObject({ reward: 1 });
+      expect(second.resources.count('/close_session')).toBe(1);
+    },
+  );
+
+  it('keeps the verify mode in the handles so a restored episode replays a replayable verify', async () => {
+    const first = await server();
+    first.resources.on('/seed_session', { headers: { 'x-ng-checkpoint-verify': 'replay' } });
+    first.resources.on('/verify', { gate: new Gate() });
+    first.background(runBody('r1'));
+    await first.resources.arrived('/verify');
+    // A replayable verify does not hold up the checkpoint; the verify boundary is exported.
+    expect((await first.prepare('c1')).body.phase).toBe('prepared');
+    await first.commit('c1', [R1]);
+    const [record] = await first.records('c1');
+    expect(record!.boundary).toMatchObject({
+      next: 'verify',
+      handles: { resources_verify: 'replay' },
+      observations: OBSERVATIONS,
+    });
+    await crash(first);
+    const second = await server();
+    await second.restore('c1', [R1]);
+    await second.resume('c1');
+    await second.run(runBody('r1', 1));
+    const verify = second.resources.calls.find((c) => c.path === '/verify')!;
+    expect(verify.headers['x-ng-checkpoint-close-follows']).toBe('1');
+  });
+});
+
+describe('restore', () => {
+  it('is refused by a process with live episodes', async () => {
+    const first = await server();
+    await checkpointDuringActivation(first);
+    await first.resume('c1');
+    // r1 is still running in this process.
+    const refused = await first.control('restore', {
+      checkpoint_id: 'restore-1',
+      deadline_ts: Date.now() / 1000 + 30,
+      checkpoint_dir: first.checkpointDir('c1'),
+      episode_ids: [R1],
+    });
+    expect(refused.body.error).toEqual({
+      code: 'checkpoint_error',
+      detail: 'environment restore requires a process without live episodes',
+    });
+  });
+
+  it('validates records: a bad digest or boundary is invalid_checkpoint_state', () => {
+    const participant = new EnvironmentParticipant('env');
+    const good = { episode_id: R1, task_digest: 'a'.repeat(64), boundary: null };
+    expect(participant.validateRecord(good, 'r1')).toEqual(good);
+    expect(() => participant.validateRecord({ ...good, task_digest: 'xyz' }, 'r1')).toThrow(
+      CheckpointStateError,
+    );
+    expect(() => participant.validateRecord({ ...good, boundary: [1] }, 'r1')).toThrow(
+      CheckpointStateError,
+    );
+    expect(() => participant.validateRecord({ ...good, extra: 1 }, 'r1')).toThrow(
+      CheckpointStateError,
+    );
+  });
+});
+
+describe('restarts', () => {
+  async function restartIsReported(x: Harness) {
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    x.background(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    const prepare = await x.prepare('c1');
+    expect(prepare.body.phase).toBe('prepared');
+    expect((prepare.body.report as Record<string, unknown>).restarts).toEqual(['r1']);
+    expect((await x.commit('c1', null)).body.episode_ids).toEqual([]);
+  }
+
+  it('an episode whose resources seed reply says restart is a restart', async () => {
+    const x = await server();
+    x.resources.on('/seed_session', { headers: { 'x-ng-checkpoint-restart': '1' } });
+    await restartIsReported(x);
+  });
+
+  it('an episode whose agent seed reply says restart is a restart', async () => {
+    const x = await server();
+    x.agent.on('/v1/agent_sessions', { headers: { 'x-ng-checkpoint-restart': '1' } });
+    await restartIsReported(x);
+  });
+
+  it('an episode that grants MCP access is a restart', async () => {
+    const x = await server({ transports: ['mcp'] });
+    x.resources.on('/seed_session', {
+      body: {
+        resources_tools: { transport: 'http', server_name: 'weather_mcp', url_path: '/mcp' },
+      },
+    });
+    await restartIsReported(x);
+    expect(x.agent.calls[0]!.body.tool_accesses).toEqual([
+      {
+        kind: 'mcp',
+        name: 'weather_mcp',
+        required: true,
+        connection: { transport: 'streamable_http', url: `${x.resources.url}/mcp`, headers: {} },
+      },
+    ]);
+  });
+
+  it('a server whose protocol records no boundaries runs every episode as a restart', async () => {
+    const gate = new Gate();
+    const protocol: EnvironmentProtocol = {
+      checkpointBoundaries: false,
+      async run(_request, work) {
+        await work.step('wait', () => gate.promise);
+        return { reward: 1 };
+      },
+    };
+    const x = await server({ protocol });
+    const run = x.run(runBody('r1'));
+    await until(() => x.report().counts.episodes === 1, 'the episode');
+    const prepare = await x.prepare('c1');
+    expect(prepare.body.phase).toBe('prepared');
+    expect((prepare.body.report as Record<string, unknown>).restarts).toEqual(['r1']);
+    const inScope = await x.commit('c1', [R1]);
+    expect((inScope.body.error as Record<string, unknown>).code).toBe('restart_in_scope');
+    await x.resume('c1');
+    gate.open();
+    expect((await run).body.result).toEqual({ reward: 1 });
+  });
+});
+
+describe('readiness', () => {
+  it('is answered from the blocker count without listing blockers', async () => {
+    const x = await server();
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    x.background(runBody('r1'));
+    await until(() => x.report().counts.episodes === 1, 'the episode');
+    const steps = x.env.participant!.steps;
+    const blockers = jest.spyOn(steps, 'blockers');
+    const readiness = jest.spyOn(x.env.participant!, 'readiness');
+    for (let i = 0; i < 5; i += 1) x.env.participant!.ready();
+    expect(blockers).not.toHaveBeenCalled();
+    expect(readiness).not.toHaveBeenCalled();
+    expect(x.env.participant!.ready()).toBe(steps.blockerCount() === 0);
+  });
+});

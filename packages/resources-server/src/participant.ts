@@ -1,0 +1,544 @@
+/**
+ * The resources participant: one per resources server with checkpointing on. It learns each
+ * session's lifecycle from the routes that define it (declared session starts, `/close_session`,
+ * `/verify`, or a declared end), keyed by the rollout attempt, so no request body is inspected.
+ *
+ * - `restart_only`: only session starts wait while a checkpoint is open; its rollouts are restarts.
+ * - `stateless`: every non-replayable request waits and in-flight work blocks; nothing is exported.
+ * - `exported`: as stateless, and sessions are exported, restored and retired through the hooks.
+ */
+import {
+  type AdmissionRequest,
+  BaseParticipant,
+  captureKey,
+  CheckpointError,
+  CheckpointStateError,
+  type CheckpointRecord,
+  type EpisodeId,
+  episodeIdFromJson,
+  type JsonObject,
+  type JsonValue,
+  type Logger,
+  nextAttempt,
+  type PrepareReport,
+  prepareReport,
+  RetiredMarks,
+  RetireIncompleteError,
+  RolloutIdRequiredError,
+  sameEpisode,
+  StaleAttemptError,
+} from '@ckpt-gym/core';
+
+import type { CheckpointMode, Declarations, VerifyMode } from './definition.js';
+import { SessionTable, type TrackedSession } from './sessions.js';
+
+export interface ResourcesSessionRecord extends CheckpointRecord {
+  episode_id: EpisodeId;
+  session_id: string;
+  state: JsonValue;
+}
+
+/** How a request relates to its session's lifecycle. */
+export type RequestRole = 'start' | 'close' | 'verify' | 'tool';
+
+export interface AdmitRequest {
+  readonly role: RequestRole;
+  /** A route name for messages. */
+  readonly path: string;
+  readonly sessionId: string;
+  readonly episode: EpisodeId | undefined;
+  /** `x-ng-checkpoint-close-follows: 1` on a `/verify`. */
+  readonly closeFollows: boolean;
+  readonly signal?: AbortSignal;
+}
+
+/** An admitted request: apply its outcome once its handler succeeded, release it in every case. */
+export interface Admission {
+  /** Applies a successful request to the session table (before its reply is sent). */
+  succeeded(sessionId: string, endRequested: boolean): void;
+  /** Uncounts the request; synchronous, so a cancellation cannot leak a count. */
+  release(): void;
+}
+
+/** Marks that fence their attempt's sessions the moment they are raised, and unfence on forget. */
+class FencingMarks extends RetiredMarks {
+  constructor(
+    private readonly onMark: (rollouts: ReadonlySet<string>) => void,
+    private readonly onForget: (rollouts: readonly string[]) => void,
+  ) {
+    super();
+  }
+
+  override mark(episodes: Iterable<EpisodeId>): number {
+    const list = [...episodes];
+    const count = super.mark(list);
+    this.onMark(new Set(list.map((e) => e.rollout_id)));
+    return count;
+  }
+
+  override forget(rolloutIds: Iterable<string>): number {
+    const list = [...new Set(rolloutIds)];
+    const count = super.forget(list);
+    this.onForget(list);
+    return count;
+  }
+}
+
+export interface ResourcesParticipantOptions {
+  readonly logger?: Logger;
+  /** Told when the participant freed a session (retire or restored-state deletion). */
+  readonly onSessionFreed?: (sessionId: string) => void;
+}
+
+function increment<K>(map: Map<K, number>, key: K, by: number): void {
+  const next = (map.get(key) ?? 0) + by;
+  if (next === 0) map.delete(key);
+  else map.set(key, next);
+}
+
+const RECORD_KEYS = new Set(['episode_id', 'session_id', 'state']);
+
+export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord> {
+  override readonly marks: RetiredMarks = new FencingMarks(
+    (rollouts) => this.#fenceMarked(rollouts),
+    (rollouts) => this.#forgetRetired(rollouts),
+  );
+  readonly mode: CheckpointMode;
+  readonly verify: VerifyMode;
+  readonly #declarations: Declarations;
+  readonly #logger: Logger | undefined;
+  readonly #onSessionFreed: ((sessionId: string) => void) | undefined;
+  readonly #sessions = new SessionTable();
+  /** Session starts may run. */
+  #open = true;
+  /** Other requests may run (stays true in restart_only: only starts wait there). */
+  #accepting = true;
+  #carried: ReadonlySet<string> = new Set();
+  /** Requests that can hold up prepare, in total and by capture key. */
+  #inflight = 0;
+  readonly #inflightByKey = new Map<string, number>();
+  /** Admitted session starts: rollout → attempt → count. */
+  readonly #seeds = new Map<string, Map<number, number>>();
+  #seedCount = 0;
+  /** Session ids of retired attempts, by rollout, until forget: cookie-only requests are refused. */
+  readonly #retiredIds = new Map<string, Set<string>>();
+  readonly #retiredRolloutOf = new Map<string, string>();
+  #served = false;
+  /** Requests waiting for admission to reopen. */
+  #waiting = 0;
+  readonly #waiters = new Set<() => void>();
+
+  constructor(
+    instance: string,
+    declarations: Declarations,
+    options: ResourcesParticipantOptions = {},
+  ) {
+    super('resources', instance);
+    this.#declarations = declarations;
+    this.mode = declarations.mode;
+    this.verify = declarations.verify;
+    this.#logger = options.logger?.child({ component: 'resources-participant' });
+    this.#onSessionFreed = options.onSessionFreed;
+  }
+
+  /** True when `sessionId` is tracked and its attempt is not fenced. */
+  isOpen(sessionId: string): boolean {
+    const session = this.#sessions.get(sessionId);
+    return session !== undefined && !session.fenced;
+  }
+
+  // --- the data plane -----------------------------------------------------------------------------
+
+  /**
+   * Admits one data-plane request: refuses a session start, close or verify without a rollout
+   * prefix, waits out an open checkpoint (a replayable `/verify` excepted), then checks the attempt
+   * against the session's owner and the retired marks, and counts the request.
+   */
+  async admit(req: AdmitRequest): Promise<Admission> {
+    if (req.role !== 'tool' && req.episode === undefined) {
+      throw new RolloutIdRequiredError(
+        `${req.path} needs the /ng-rollout/<capture key> prefix while checkpointing is on`,
+      );
+    }
+    const replayable = req.role === 'verify' && this.verify === 'replay';
+    // A waiting request is not in flight: it never holds up prepare.
+    this.#waiting += 1;
+    try {
+      await this.#until(
+        () => (req.role === 'start' ? this.#open : replayable || this.#accepting),
+        req.signal,
+      );
+    } finally {
+      this.#waiting -= 1;
+    }
+    // Nothing awaits from here to the count: a retire marked later waits for this seed.
+    const seed = req.role === 'start' ? (req.episode as EpisodeId) : undefined;
+    if (seed) this.#countSeed(seed, 1);
+    let session: TrackedSession | undefined;
+    try {
+      session = this.#check(req);
+    } catch (err) {
+      if (seed) this.#countSeed(seed, -1);
+      throw err;
+    }
+    if (session) this.#sessions.claim(session);
+    this.#served = true;
+    const key = req.episode ? captureKey(req.episode) : (session?.key ?? '');
+    const blocking = !replayable;
+    if (blocking) {
+      this.#inflight += 1;
+      increment(this.#inflightByKey, key, 1);
+    }
+    if (session) session.inflight += 1;
+    this.#wake();
+
+    let released = false;
+    return {
+      succeeded: (sessionId, endRequested) => this.#apply(req, sessionId, endRequested),
+      release: () => {
+        if (released) return;
+        released = true;
+        if (blocking) {
+          this.#inflight -= 1;
+          increment(this.#inflightByKey, key, -1);
+        }
+        if (session) session.inflight -= 1;
+        if (seed) this.#countSeed(seed, -1);
+        this.#wake();
+      },
+    };
+  }
+
+  /** The refusals, in order; returns the tracked session the request is on, if any. */
+  #check(req: AdmitRequest): TrackedSession | undefined {
+    const { role, episode, sessionId } = req;
+    const closing = role === 'close';
+    const session = this.#sessions.get(sessionId);
+    // A close is never refused for a retire: it is how its owner frees the session.
+    if (!closing && (session?.fenced || this.#retiredRolloutOf.has(sessionId))) {
+      throw new StaleAttemptError(`resources session '${sessionId}' belongs to a retired attempt`);
+    }
+    if (!closing && episode && this.marks.isRetired(episode)) {
+      throw new StaleAttemptError(
+        `rollout '${episode.rollout_id}' attempt ${episode.attempt} was retired`,
+      );
+    }
+    if (!session || role === 'start') return session;
+    if (episode === undefined) {
+      // The cookie alone cannot tell the replacement from the attempt the restore replaced.
+      if (session.restored) {
+        throw new RolloutIdRequiredError(
+          `resources session '${sessionId}' was restored; name its attempt with the /ng-rollout/<capture key> prefix`,
+        );
+      }
+    } else if (!sameEpisode(episode, session.episode)) {
+      throw new StaleAttemptError(
+        `resources session '${sessionId}' belongs to attempt ${session.key}, not ${captureKey(episode)}`,
+      );
+    }
+    return session;
+  }
+
+  #apply(req: AdmitRequest, sessionId: string, endRequested: boolean): void {
+    if (req.role === 'start') {
+      const episode = req.episode as EpisodeId;
+      // A seed that finishes after its attempt was marked leaves a retired session, never a live one.
+      const fenced = this.marks.isRetired(episode);
+      this.#sessions.bind(sessionId, episode, { fenced });
+      if (fenced) this.#rememberRetired(sessionId, episode.rollout_id);
+    }
+    const verifyEnds = req.role === 'verify' && !(this.verify === 'replay' && req.closeFollows);
+    if (req.role === 'close' || verifyEnds || endRequested) this.#sessions.remove(sessionId);
+    this.#wake();
+  }
+
+  #countSeed(episode: EpisodeId, by: number): void {
+    let attempts = this.#seeds.get(episode.rollout_id);
+    if (!attempts) {
+      attempts = new Map();
+      this.#seeds.set(episode.rollout_id, attempts);
+    }
+    increment(attempts, episode.attempt, by);
+    if (attempts.size === 0) this.#seeds.delete(episode.rollout_id);
+    this.#seedCount += by;
+  }
+
+  #seedInFlight(rolloutId: string, atMost: number): boolean {
+    const attempts = this.#seeds.get(rolloutId);
+    if (!attempts) return false;
+    for (const attempt of attempts.keys()) if (attempt <= atMost) return true;
+    return false;
+  }
+
+  #rememberRetired(sessionId: string, rolloutId: string): void {
+    let ids = this.#retiredIds.get(rolloutId);
+    if (!ids) {
+      ids = new Set();
+      this.#retiredIds.set(rolloutId, ids);
+    }
+    ids.add(sessionId);
+    this.#retiredRolloutOf.set(sessionId, rolloutId);
+  }
+
+  /** Called as the control plane raises marks, before anything awaits. */
+  #fenceMarked(rollouts: ReadonlySet<string>): void {
+    for (const rolloutId of rollouts) {
+      const highest = this.marks.highestRetired(rolloutId);
+      if (highest === undefined) continue;
+      for (const session of this.#sessions.ofRollout(rolloutId, highest)) {
+        this.#sessions.fence(session);
+        this.#rememberRetired(session.id, rolloutId);
+      }
+    }
+    this.#wake();
+  }
+
+  #forgetRetired(rollouts: readonly string[]): void {
+    for (const rolloutId of rollouts) {
+      for (const id of this.#retiredIds.get(rolloutId) ?? []) this.#retiredRolloutOf.delete(id);
+      this.#retiredIds.delete(rolloutId);
+    }
+  }
+
+  async #until(predicate: () => boolean, signal?: AbortSignal): Promise<void> {
+    while (!predicate()) {
+      signal?.throwIfAborted();
+      await new Promise<void>((resolve) => {
+        const wake = (): void => {
+          this.#waiters.delete(wake);
+          signal?.removeEventListener('abort', wake);
+          resolve();
+        };
+        this.#waiters.add(wake);
+        signal?.addEventListener('abort', wake, { once: true });
+      });
+    }
+  }
+
+  #wake(): void {
+    this.notifyChange();
+    for (const wake of [...this.#waiters]) wake();
+  }
+
+  // --- admission and readiness ---------------------------------------------------------------------
+
+  async closeAdmission(request: AdmissionRequest): Promise<void> {
+    this.#carried = request.carriedRestarts;
+    this.#open = false;
+    if (this.mode !== 'restart_only') this.#accepting = false;
+    this.#wake();
+  }
+
+  async openAdmission(): Promise<void> {
+    this.#open = true;
+    this.#accepting = true;
+    this.#carried = new Set();
+    this.#wake();
+  }
+
+  /** In-flight requests that hold up prepare: none in restart_only; carried restarts never. */
+  #blockingInflight(): number {
+    if (this.mode === 'restart_only') return 0;
+    let count = this.#inflight;
+    for (const key of this.#carried) count -= this.#inflightByKey.get(key) ?? 0;
+    return count;
+  }
+
+  ready(): boolean {
+    return this.#sessions.fencedCount === 0 && this.#blockingInflight() === 0;
+  }
+
+  readiness(): PrepareReport {
+    const blockers = new Set<string>();
+    for (const ids of this.#retiredIds.values()) {
+      for (const id of ids) {
+        const session = this.#sessions.get(id);
+        if (session?.fenced) blockers.add(session.key);
+      }
+    }
+    if (this.mode !== 'restart_only') {
+      for (const [key, count] of this.#inflightByKey) {
+        // A request that named no attempt on an untracked session is counted, but has no key to list.
+        if (count > 0 && key !== '' && !this.#carried.has(key)) blockers.add(key);
+      }
+    }
+    return prepareReport({
+      blockers,
+      blockerCount: this.#sessions.fencedCount + this.#blockingInflight(),
+      counts: {
+        inflight: this.#inflight,
+        sessions: this.#sessions.size,
+        seeds: this.#seedCount,
+        waiting: this.#waiting,
+      },
+      restarts: this.mode === 'restart_only' ? this.#restarts() : [],
+    });
+  }
+
+  /** Every live session's attempt, and every seed in flight (its reply will say restart). */
+  #restarts(): string[] {
+    const keys = new Set<string>();
+    for (const session of this.#sessions.all()) if (!session.fenced) keys.add(session.key);
+    for (const [rolloutId, attempts] of this.#seeds) {
+      for (const attempt of attempts.keys())
+        keys.add(captureKey({ rollout_id: rolloutId, attempt }));
+    }
+    return [...keys].sort();
+  }
+
+  // --- export and restore --------------------------------------------------------------------------
+
+  async export(
+    scope: readonly EpisodeId[] | null,
+    _signal: AbortSignal,
+  ): Promise<ResourcesSessionRecord[]> {
+    if (this.mode !== 'exported') return [];
+    const inScope = scope === null ? null : new Set(scope.map(captureKey));
+    const chosen = [...this.#sessions.all()].filter(
+      (s) => !s.fenced && !this.#carried.has(s.key) && (inScope === null || inScope.has(s.key)),
+    );
+    if (chosen.length === 0) return [];
+    const states = await this.#declarations.hooks.exportSessionStates(chosen.map((s) => s.id));
+    const records: ResourcesSessionRecord[] = [];
+    for (const session of chosen) {
+      if (Object.hasOwn(states, session.id)) {
+        records.push({
+          episode_id: session.episode,
+          session_id: session.id,
+          state: states[session.id] as JsonValue,
+        });
+      } else {
+        // The server no longer holds it (a failed verification dropped it): it is not new state.
+        this.#logger?.warn('session left out of the export; no longer tracked', {
+          session_id: session.id,
+          episode: session.key,
+        });
+        this.#sessions.remove(session.id);
+      }
+    }
+    this.#wake();
+    return records;
+  }
+
+  validateRecord(record: JsonObject, key: string): ResourcesSessionRecord {
+    const extra = Object.keys(record).filter((k) => !RECORD_KEYS.has(k));
+    if (extra.length > 0) {
+      throw new CheckpointStateError(`resources record ${key}: unknown keys ${extra.join(', ')}`);
+    }
+    if (typeof record.session_id !== 'string' || record.session_id === '') {
+      throw new CheckpointStateError(
+        `resources record ${key}: session_id must be a non-empty string`,
+      );
+    }
+    if (!Object.hasOwn(record, 'state')) {
+      throw new CheckpointStateError(`resources record ${key}: state is missing`);
+    }
+    let episode: EpisodeId;
+    try {
+      episode = episodeIdFromJson(record.episode_id);
+    } catch (err) {
+      throw new CheckpointStateError(`resources record ${key}: ${(err as Error).message}`);
+    }
+    return { episode_id: episode, session_id: record.session_id, state: record.state as JsonValue };
+  }
+
+  override checkRestore(): void {
+    if (this.#served || this.#sessions.size > 0 || this.#inflight > 0) {
+      throw new CheckpointError(
+        'resources restore requires a process that has not served sessions',
+      );
+    }
+  }
+
+  async install(records: ResourcesSessionRecord[], _scope: readonly EpisodeId[]): Promise<void> {
+    if (records.length === 0) return;
+    if (this.mode !== 'exported') {
+      throw new CheckpointError(`a ${this.mode} resources server cannot restore session state`);
+    }
+    const states: Record<string, JsonValue> = {};
+    for (const record of records) {
+      if (Object.hasOwn(states, record.session_id)) {
+        throw new CheckpointStateError(
+          `resources session '${record.session_id}' appears in more than one record`,
+        );
+      }
+      states[record.session_id] = record.state;
+    }
+    await this.#declarations.hooks.restoreSessionStates(states);
+    for (const record of records) {
+      this.#sessions.bind(record.session_id, nextAttempt(record.episode_id), { restored: true });
+    }
+    this.#wake();
+  }
+
+  restoredPending(): EpisodeId[] {
+    return this.#sessions.pendingEpisodes();
+  }
+
+  /** Frees the episode's unclaimed restored sessions; refuses nothing later. */
+  override async deleteRestored(episode: EpisodeId): Promise<void> {
+    await Promise.all(
+      this.#sessions.pendingOf(episode).map(async (session) => {
+        await this.#declarations.hooks.retireSessionState(session.id);
+        this.#free(session);
+      }),
+    );
+    this.#wake();
+  }
+
+  // --- retire and forget ---------------------------------------------------------------------------
+
+  /**
+   * Waits for admitted seeds of the rollout up to this attempt, drains requests in flight on its
+   * sessions, then frees each through `retireSessionState` (every mode). A session stays tracked —
+   * blocking, never exported — until it is freed, so a retire cut short leaves it for a retry.
+   */
+  async retire(episode: EpisodeId): Promise<void> {
+    await this.#until(() => !this.#seedInFlight(episode.rollout_id, episode.attempt));
+    const sessions = this.#sessions.ofRollout(episode.rollout_id, episode.attempt);
+    for (const session of sessions) {
+      this.#sessions.fence(session);
+      this.#rememberRetired(session.id, episode.rollout_id);
+    }
+    this.#wake();
+    const tracked = (s: TrackedSession): boolean => this.#sessions.get(s.id) === s;
+    await this.#until(() => sessions.every((s) => s.inflight === 0 || !tracked(s)));
+    await Promise.all(
+      sessions.filter(tracked).map(async (session) => {
+        await this.#declarations.hooks.retireSessionState(session.id);
+        this.#free(session);
+      }),
+    );
+    this.#wake();
+  }
+
+  #free(session: TrackedSession): void {
+    if (this.#sessions.get(session.id) !== session) return;
+    this.#sessions.remove(session.id);
+    this.#onSessionFreed?.(session.id);
+  }
+
+  override checkForget(rolloutIds: readonly string[]): void {
+    const holding: string[] = [];
+    for (const rolloutId of rolloutIds) {
+      const fenced = this.#sessions
+        .ofRollout(rolloutId, Number.MAX_SAFE_INTEGER)
+        .filter((s) => s.fenced)
+        .map((s) => s.id);
+      holding.push(...fenced);
+      const highest = this.marks.highestRetired(rolloutId);
+      if (highest !== undefined && this.#seedInFlight(rolloutId, highest)) {
+        holding.push(`a seed of rollout '${rolloutId}'`);
+      }
+    }
+    if (holding.length > 0) {
+      throw new RetireIncompleteError(
+        `retire has not finished freeing resources sessions ${JSON.stringify(holding.slice(0, 10))}`,
+      );
+    }
+  }
+
+  override statusExtra(): Record<string, unknown> {
+    return { mode: this.mode, verify: this.verify, retired_sessions: this.#retiredRolloutOf.size };
+  }
+}
