@@ -3,9 +3,11 @@
  * activation again after a restore sends its 1-based index, so the agent can answer a completed
  * activation with its stored reply instead of running the loop twice.
  */
-import { ActivationOutOfOrderError, CheckpointError } from '@ckpt-gym/core';
-
-export const AGENT_ACTIVATION_HEADER = 'x-ng-agent-activation';
+import {
+  ActivationOutOfOrderError,
+  AGENT_ACTIVATION_HEADER,
+  CheckpointError,
+} from '@ckpt-gym/core';
 
 /** What the session holds that the rules look at. */
 export interface ActivationView {

@@ -6,15 +6,17 @@
 import express, { type Express, type Request, type Response } from 'express';
 
 import {
+  AGENT_ACTIVATION_HEADER,
   captureKey,
+  CHECKPOINT_RESTART_HEADER,
+  CheckpointError,
   type CheckpointRecord,
   type CheckpointSettings,
-  CheckpointError,
   createGymApp,
-  createLogger,
   createHttpClients,
-  type EpisodeId,
+  createLogger,
   episodeFromRunBody,
+  type EpisodeId,
   episodeIdFromJson,
   type GymApp,
   type HttpClientLimits,
@@ -31,7 +33,6 @@ import {
 } from '@ckpt-gym/core';
 
 import {
-  AGENT_ACTIVATION_HEADER,
   decideActivation,
   invocationId,
   nextActivationCount,
@@ -59,7 +60,6 @@ import {
   sessionIdFromCookie,
 } from './sessions.js';
 
-export const CHECKPOINT_RESTART_HEADER = 'x-ng-checkpoint-restart';
 const ROLLOUT_ID_REQUIRED =
   'checkpointing requires a rollout id on every agent call: send _ng_rollout_id or the /ng-rollout/<id> prefix';
 

@@ -5,7 +5,11 @@
  * run continues from the stage it had reached and a state-changing verify never runs twice.
  */
 import {
+  AGENT_ACTIVATION_HEADER,
   type Boundary,
+  CHECKPOINT_CLOSE_FOLLOWS_HEADER,
+  CHECKPOINT_RESTART_HEADER,
+  CHECKPOINT_VERIFY_HEADER,
   type EpisodeContext,
   type EpisodeId,
   errorFromBody,
@@ -16,12 +20,7 @@ import {
 } from '@ckpt-gym/core';
 import type { Got } from 'got';
 
-import { AGENT_ACTIVATION_HEADER } from './activation.js';
 import { mergeSetCookies } from './sessions.js';
-
-export const VERIFY_MODE_HEADER = 'x-ng-checkpoint-verify';
-export const CLOSE_FOLLOWS_HEADER = 'x-ng-checkpoint-close-follows';
-const RESTART_HEADER = 'x-ng-checkpoint-restart';
 
 export interface LegacyRunSettings {
   resourcesServerUrl: string;
@@ -106,8 +105,8 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
       post(url('/seed_session'), body, cookieHeader(cookies)),
     );
     cookies = mergeSetCookies(cookies, seeded.headers['set-cookie'] as string[] | undefined) ?? {};
-    verifyMode = seeded.headers[VERIFY_MODE_HEADER] === 'replay' ? 'replay' : 'wait';
-    if (seeded.headers[RESTART_HEADER] === '1') await ep.markRestart();
+    verifyMode = seeded.headers[CHECKPOINT_VERIFY_HEADER] === 'replay' ? 'replay' : 'wait';
+    if (seeded.headers[CHECKPOINT_RESTART_HEADER] === '1') await ep.markRestart();
     stage = 'loop';
   }
   if (stage === 'loop') {
@@ -146,7 +145,7 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
         { ...body, response },
         {
           ...cookieHeader(cookies),
-          ...(closeAfter ? { [CLOSE_FOLLOWS_HEADER]: '1' } : {}),
+          ...(closeAfter ? { [CHECKPOINT_CLOSE_FOLLOWS_HEADER]: '1' } : {}),
         },
       ),
     );

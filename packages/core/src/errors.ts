@@ -14,7 +14,8 @@ export const ERROR_CATALOGUE = {
   stale_checkpoint: { status: 409, meaning: 'the checkpoint id was already resumed' },
   checkpoint_conflict: {
     status: 409,
-    meaning: 'another checkpoint is open, or a completed operation was retried with other arguments',
+    meaning:
+      'another checkpoint is open, or a completed operation was retried with other arguments',
   },
   invalid_phase: { status: 409, meaning: 'the operation is not valid in the current phase' },
   deadline_exceeded: { status: 409, meaning: 'the deadline passed before the work finished' },
@@ -43,7 +44,10 @@ export const ERROR_CATALOGUE = {
   },
   invalid_request: { status: 422, meaning: 'the request body or parameters failed validation' },
   payload_too_large: { status: 413, meaning: 'the request body is larger than the server accepts' },
-  invalid_config: { status: 500, meaning: 'the stack file or a server setting is invalid (startup)' },
+  invalid_config: {
+    status: 500,
+    meaning: 'the stack file or a server setting is invalid (startup)',
+  },
   internal_error: { status: 500, meaning: 'an unexpected server error; details are in the logs' },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 

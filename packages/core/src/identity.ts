@@ -78,7 +78,9 @@ export function parseCaptureKey(key: string): EpisodeId {
   if (!match) return episodeId(key, 0);
   const attempt = Number(match[1]);
   if (!Number.isSafeInteger(attempt)) {
-    throw new InvalidRolloutIdError(`capture key ${JSON.stringify(key)} has an attempt beyond 2^53`);
+    throw new InvalidRolloutIdError(
+      `capture key ${JSON.stringify(key)} has an attempt beyond 2^53`,
+    );
   }
   return episodeId(key.slice(0, match.index), attempt);
 }
@@ -110,7 +112,8 @@ export function covers(e: EpisodeId, other: EpisodeId): boolean {
 
 /** `/ng-rollout/<key>` for an episode or a capture key. */
 export function rolloutPathPrefix(episode: EpisodeId | string): string {
-  const key = typeof episode === 'string' ? captureKey(parseCaptureKey(episode)) : captureKey(episode);
+  const key =
+    typeof episode === 'string' ? captureKey(parseCaptureKey(episode)) : captureKey(episode);
   return `/${ROLLOUT_PATH_SEGMENT}/${key}`;
 }
 

@@ -14,3 +14,4 @@ export * from './json.js';
 export * from './participant.js';
 export * from './server.js';
 export * from './capture/index.js';
+export * from './headers.js';

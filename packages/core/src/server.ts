@@ -49,7 +49,9 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
   let plane: ControlPlane<R> | undefined;
   if (options.checkpoint) {
     if (!options.participant) {
-      throw new ConfigError(`server ${options.name}: checkpointing is on but it has no participant`);
+      throw new ConfigError(
+        `server ${options.name}: checkpointing is on but it has no participant`,
+      );
     }
     plane = new ControlPlane(options.participant, {
       ...options.plane,

@@ -23,6 +23,7 @@ import {
   type JsonValue,
 } from './json.js';
 import { decodeJsonPieces, encodeJsonPieces, type TextSink } from './json-pieces.js';
+import { Mutex } from './mutex.js';
 
 export const STATE_SCHEMA_VERSION = 1;
 export const MANIFEST_FILE = 'manifest.json';
@@ -82,7 +83,7 @@ function checkSafeName(what: 'kind' | 'instance', name: string): void {
  */
 export class WriteStop {
   #stopped = false;
-  #tail: Promise<void> = Promise.resolve();
+  readonly #lock = new Mutex();
 
   get stopped(): boolean {
     return this.#stopped;
@@ -95,16 +96,8 @@ export class WriteStop {
   }
 
   /** Runs `fn` under the publish lock (callers queue in order). */
-  async locked<T>(fn: () => Promise<T>): Promise<T> {
-    const previous = this.#tail;
-    let release!: () => void;
-    this.#tail = new Promise<void>((done) => (release = done));
-    await previous;
-    try {
-      return await fn();
-    } finally {
-      release();
-    }
+  locked<T>(fn: () => Promise<T>): Promise<T> {
+    return this.#lock.run(fn);
   }
 }
 

@@ -13,7 +13,11 @@
 import { randomUUID } from 'node:crypto';
 
 import {
+  AGENT_ACTIVATION_HEADER,
   type Boundary,
+  CHECKPOINT_CLOSE_FOLLOWS_HEADER,
+  CHECKPOINT_RESTART_HEADER,
+  CHECKPOINT_VERIFY_HEADER,
   decodeJson,
   encodeJson,
   episodeIdToJson,
@@ -33,11 +37,6 @@ import {
   HandledEpisodeError,
   stageFailure,
 } from './protocol.js';
-
-export const RESTART_HEADER = 'x-ng-checkpoint-restart';
-export const VERIFY_MODE_HEADER = 'x-ng-checkpoint-verify';
-export const CLOSE_FOLLOWS_HEADER = 'x-ng-checkpoint-close-follows';
-export const ACTIVATION_HEADER = 'x-ng-agent-activation';
 
 export type ToolTransport = 'direct_http' | 'mcp';
 export type Stage = 'seed' | 'invoke_agent' | 'close_agent' | 'verify' | 'return';
@@ -369,7 +368,7 @@ export class SingleAgentTurn implements EnvironmentProtocol {
             {
               cookies: verifyHandles.resources_cookies,
               // The resources session stays exported until the close this episode sends.
-              ...(mode === 'replay' ? { headers: { [CLOSE_FOLLOWS_HEADER]: '1' } } : {}),
+              ...(mode === 'replay' ? { headers: { [CHECKPOINT_CLOSE_FOLLOWS_HEADER]: '1' } } : {}),
               signal: work.signal,
             },
           );
@@ -442,10 +441,10 @@ export class SingleAgentTurn implements EnvironmentProtocol {
       handles = {
         ...handles,
         resources_cookies: reply.cookies,
-        resources_verify: verifyModeFromHeader(reply.headers[VERIFY_MODE_HEADER]),
+        resources_verify: verifyModeFromHeader(reply.headers[CHECKPOINT_VERIFY_HEADER]),
       };
       hooks.update(handles);
-      restart ||= headerIs(reply.headers[RESTART_HEADER], '1');
+      restart ||= headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1');
     } catch (err) {
       if (work.signal.aborted) throw err;
       throw stageFailure('seed', 'Seeding the resources session', err);
@@ -492,7 +491,7 @@ export class SingleAgentTurn implements EnvironmentProtocol {
       }
       handles = { ...handles, agent_cookies: reply.cookies };
       hooks.update(handles);
-      restart ||= headerIs(reply.headers[RESTART_HEADER], '1');
+      restart ||= headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1');
     } catch (err) {
       if (work.signal.aborted) throw err;
       throw stageFailure('agent', 'Seeding the agent session', err);
@@ -514,7 +513,7 @@ export class SingleAgentTurn implements EnvironmentProtocol {
         request.task.task_input.responses_create_params ?? {},
         {
           cookies: handles.agent_cookies,
-          headers: { [ACTIVATION_HEADER]: '1' },
+          headers: { [AGENT_ACTIVATION_HEADER]: '1' },
           signal: work.signal,
         },
       );

@@ -5,6 +5,9 @@
  * on, every session route goes through the resources participant.
  */
 import {
+  CHECKPOINT_CLOSE_FOLLOWS_HEADER,
+  CHECKPOINT_RESTART_HEADER,
+  CHECKPOINT_VERIFY_HEADER,
   type CheckpointSettings,
   ConfigError,
   type ControlPlane,
@@ -46,9 +49,6 @@ import {
   type ResourcesSessionRecord,
 } from './participant.js';
 
-export const CHECKPOINT_VERIFY_HEADER = 'x-ng-checkpoint-verify';
-export const CHECKPOINT_RESTART_HEADER = 'x-ng-checkpoint-restart';
-export const CHECKPOINT_CLOSE_FOLLOWS_HEADER = 'x-ng-checkpoint-close-follows';
 export const DEFAULT_BODY_LIMIT = '16mb';
 
 export interface ResourcesServerOptions {

@@ -126,23 +126,6 @@ export class Kept<T> {
   }
 }
 
-/** Serialises the control plane's transitions; callers queue in arrival order. */
-export class Mutex {
-  #tail: Promise<void> = Promise.resolve();
-
-  async run<T>(fn: () => Promise<T>): Promise<T> {
-    const previous = this.#tail;
-    let release!: () => void;
-    this.#tail = new Promise<void>((done) => (release = done));
-    await previous;
-    try {
-      return await fn();
-    } finally {
-      release();
-    }
-  }
-}
-
 /**
  * Runs `fn` over `items` with at most `limit` at a time. Stops starting new items once `signal`
  * aborts (a passed deadline); items already started run to their end. Rejects with the first

@@ -18,6 +18,7 @@ import {
 } from '../errors.js';
 import { captureKey, type EpisodeId, nextAttempt } from '../identity.js';
 import { createLogger, type Logger } from '../logging.js';
+import { Mutex } from '../mutex.js';
 import type { Participant, PrepareReport } from '../participant.js';
 import {
   type CheckpointRecord,
@@ -31,7 +32,6 @@ import {
   type ControlClock,
   forEachBounded,
   Kept,
-  Mutex,
   systemClock,
   withinDeadline,
 } from './deadline.js';
