@@ -7,7 +7,11 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import {
+  CaptureValidationError,
   ConfigError,
+  type CommitCoords,
+  GENERATION_CUT_ROUTE,
+  verifyAndLinearize,
   type ErrorLogger,
   InvalidRequestError,
   errorMiddleware,
@@ -18,7 +22,16 @@ import {
 } from '@ckpt-gym/core';
 import express, { type Express, type Request, type Response } from 'express';
 
-import { CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';
+import { type CallRecord, CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';
+import {
+  type CapturedCall,
+  captureFailedCoords,
+  cutRound,
+  finishCapture,
+  generate,
+  generateRest,
+  openCapture,
+} from './capture.js';
 import {
   WaitQueue,
   objectBody,
@@ -37,6 +50,7 @@ import {
   usage,
 } from './openai.js';
 import {
+  type ChatMessage,
   SCRIPTS,
   type Script,
   type ScriptName,
@@ -64,6 +78,8 @@ export interface FakeInferenceState {
   readonly tokens: TokenStore;
   readonly queue: WaitQueue;
   readonly scripts: ScriptBook;
+  /** Captured calls in flight, by model call id: what a generation cut snapshots. */
+  readonly active: Map<string, CapturedCall>;
   keepAliveMs: number;
 }
 
@@ -117,17 +133,37 @@ async function chatCompletion(
     completion_token_ids: completionTokens(reply),
   };
   state.tokens.put(record.index, tokens);
+  const capture = openCaptureFor(
+    state,
+    record,
+    request.admission,
+    request.messages,
+    tokens.completion_token_ids,
+  );
 
   const reason = state.queue.reasonFor({ index: record.index, rolloutCallIndex });
   if (reason) {
     record.held = true;
+    // A held call is in flight: it generates `after_tokens` tokens, then waits, and a
+    // generation cut arriving meanwhile snapshots what it generated so far.
+    const id = capture?.live.admission.model_call_id;
+    if (capture && id !== undefined) {
+      generate(capture, state.queue.hold.after_tokens);
+      state.active.set(id, capture);
+    }
     const stopKeepAlive = request.stream
       ? keepAliveWhileWaiting(res, state.keepAliveMs)
       : () => undefined;
     const released = await state.queue.wait(reason, requestSignal(req, res));
     stopKeepAlive();
+    if (id !== undefined && state.active.get(id) === capture) state.active.delete(id);
     if (!released) return;
   }
+  const coords = capture
+    ? completeCaptured(state, record, capture, request.admission)
+    : request.admission !== null
+      ? captureFailedCoords(request.admission, record.capture_key ?? undefined)
+      : undefined;
 
   const meta: CompletionMeta = {
     id: `chatcmpl-${record.index}`,
@@ -135,15 +171,79 @@ async function chatCompletion(
     model: request.model ?? state.model,
   };
   const use = usage(tokens.prompt_token_ids.length, tokens.completion_token_ids.length);
+  const extra = coords ? { ng_commit_coords: coords } : {};
   if (!request.stream) {
-    res.json(completionBody(meta, reply, use));
+    res.json({ ...completionBody(meta, reply, use), ...extra });
     return;
   }
   startStream(res);
-  for (const chunk of completionChunks(meta, reply, use, request.includeUsage)) {
-    res.write(`data: ${JSON.stringify(chunk)}\n\n`);
-  }
+  // The whole answer is generated before its first chunk, so the coordinates ride that chunk.
+  completionChunks(meta, reply, use, request.includeUsage).forEach((chunk, i) => {
+    res.write(`data: ${JSON.stringify(i === 0 ? { ...chunk, ...extra } : chunk)}\n\n`);
+  });
   res.end('data: [DONE]\n\n');
+}
+
+/** Opens capture for a call with an admission; a refusal is recorded and the call is not staged. */
+function openCaptureFor(
+  state: FakeInferenceState,
+  record: CallRecord,
+  admission: unknown,
+  messages: readonly ChatMessage[],
+  answer: readonly number[],
+): CapturedCall | undefined {
+  if (admission === null) return undefined;
+  try {
+    const capture = openCapture(state.tokens, admission, messages, answer);
+    if (capture.live.cut) {
+      record.continued_from = capture.live.cut.continuation.source_model_call_id;
+      record.reused_prefix_tokens = capture.reused;
+    }
+    return capture;
+  } catch (err) {
+    if (!(err instanceof CaptureValidationError)) throw err;
+    record.capture_error = err.reason;
+    return undefined;
+  }
+}
+
+function completeCaptured(
+  state: FakeInferenceState,
+  record: CallRecord,
+  capture: CapturedCall,
+  admission: unknown,
+): CommitCoords | undefined {
+  generateRest(capture);
+  try {
+    return finishCapture(state.tokens, capture);
+  } catch (err) {
+    if (!(err instanceof CaptureValidationError)) throw err;
+    record.capture_error = err.reason;
+    return captureFailedCoords(admission, record.capture_key ?? undefined);
+  }
+}
+
+/**
+ * `POST /_ctl/rebuild {manifest, terminal_call_id?}`: verifies a rollout's ledger manifest (as the
+ * policy model's manifest route returns it) against this store and linearizes its tokens.
+ */
+function rebuild(state: FakeInferenceState, body: unknown) {
+  const { manifest, terminal_call_id: terminal } = objectBody(body, '/_ctl/rebuild', [
+    'manifest',
+    'terminal_call_id',
+  ]);
+  const m = manifest as { rollout_id?: unknown; records?: unknown } | null;
+  if (typeof m?.rollout_id !== 'string' || !Array.isArray(m.records)) {
+    throw new InvalidRequestError('manifest: must be {rollout_id, records: [...]}');
+  }
+  if (terminal !== undefined && typeof terminal !== 'string') {
+    throw new InvalidRequestError('terminal_call_id: must be a string');
+  }
+  return verifyAndLinearize(
+    { rollout_id: m.rollout_id, records: m.records as Record<string, unknown>[] },
+    (key) => state.tokens.stagedRecord(key),
+    terminal,
+  );
 }
 
 function setScript(state: FakeInferenceState, body: unknown): string | null {
@@ -194,6 +294,9 @@ function controlRoutes(state: FakeInferenceState): express.Router {
   router.get('/cuts', (_req, res) => {
     res.json({ cuts: state.tokens.cutRounds() });
   });
+  router.post('/rebuild', (req, res) => {
+    res.json(rebuild(state, req.body));
+  });
   return router;
 }
 
@@ -211,6 +314,7 @@ export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
     calls: new CallLog(tokens),
     tokens,
     queue: new WaitQueue(),
+    active: new Map(),
     scripts: new ScriptBook(
       typeof options.script === 'string'
         ? SCRIPTS[options.script]
@@ -227,6 +331,9 @@ export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
     res.json(modelList(state.model));
   });
   app.post('/v1/chat/completions', (req, res) => chatCompletion(state, req, res));
+  app.post(GENERATION_CUT_ROUTE, (req, res) => {
+    res.json(cutRound(state.tokens, state.active, req.body));
+  });
   app.use('/_ctl', controlRoutes(state));
   app.use(notFoundMiddleware());
   app.use(errorMiddleware(options.logger));

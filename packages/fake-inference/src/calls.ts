@@ -2,7 +2,7 @@
  * The call log and the token store. Both live in the fake's own process, so tests can still read
  * them after every gym process was killed.
  */
-import { type EpisodeId, captureKey } from '@ckpt-gym/core';
+import { type EpisodeId, type StagedCallRecord, captureKey } from '@ckpt-gym/core';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 
@@ -60,12 +60,39 @@ export interface CallTokens {
 }
 
 /**
- * Token ids per call, and the generation-cut rounds (each the model call ids that got a durable
- * prefix). The cut route that fills the rounds comes with the generation-cut work.
+ * Token ids per call, the durable token store (staged records by staging key: completed calls
+ * and generation-cut prefixes) and the generation-cut rounds (each the model call ids that got a
+ * durable prefix). It lives in this process, so it survives a crash of every gym process.
  */
 export class TokenStore {
   private readonly byCall = new Map<number, CallTokens>();
   private readonly rounds: string[][] = [];
+  private readonly staged = new Map<string, StagedCallRecord>();
+  /** Staging key of each completed call, by model call id (a cut of a finished call reuses it). */
+  private readonly completed = new Map<string, string>();
+
+  stage(stagingKey: string, record: StagedCallRecord): void {
+    this.staged.set(stagingKey, record);
+  }
+
+  /** Stages a completed call's record and remembers it under its model call id. */
+  stageCompleted(stagingKey: string, record: StagedCallRecord): void {
+    this.stage(stagingKey, record);
+    this.completed.set(record.model_call_id, stagingKey);
+  }
+
+  /** The staging key of a completed call, if this worker completed it. */
+  completedKey(modelCallId: string): string | undefined {
+    return this.completed.get(modelCallId);
+  }
+
+  stagedRecord(stagingKey: string): StagedCallRecord | undefined {
+    return this.staged.get(stagingKey);
+  }
+
+  get stagedCount(): number {
+    return this.staged.size;
+  }
 
   put(callIndex: number, tokens: CallTokens): void {
     this.byCall.set(callIndex, tokens);
@@ -102,8 +129,12 @@ export interface CallRecord {
   returned: boolean;
   /** The client went away before the answer was written. */
   dropped: boolean;
-  readonly continued_from: string | null;
-  readonly reused_prefix_tokens: number;
+  /** The model call id whose generation-cut prefix this call continued. */
+  continued_from: string | null;
+  /** Generated tokens of that prefix this call did not generate again. */
+  reused_prefix_tokens: number;
+  /** Why the call's tokens were not staged (an invalid admission or cut), or null. */
+  capture_error: string | null;
 }
 
 export interface CallView extends CallRecord {
@@ -151,6 +182,7 @@ export class CallLog {
       dropped: false,
       continued_from: null,
       reused_prefix_tokens: 0,
+      capture_error: null,
     };
     this.records.push(record);
     return { record, rolloutCallIndex };

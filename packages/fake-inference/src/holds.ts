@@ -9,9 +9,18 @@ export interface HoldPolicy {
   readonly after_calls: number | null;
   /** Every call of a rollout beyond that rollout's first n calls (over all its attempts) waits. */
   readonly after_calls_per_rollout: number | null;
+  /**
+   * A held call first generates this many tokens, then waits: it is in flight mid-generation, so
+   * a generation cut captures those tokens. 0 waits before generating anything.
+   */
+  readonly after_tokens: number;
 }
 
-export const NO_HOLD: HoldPolicy = { after_calls: null, after_calls_per_rollout: null };
+export const NO_HOLD: HoldPolicy = {
+  after_calls: null,
+  after_calls_per_rollout: null,
+  after_tokens: 0,
+};
 
 /** Why a call waits; a hold outranks the gate because only release or step lets it go. */
 export type WaitReason = 'hold' | 'gate';
@@ -156,15 +165,20 @@ function optionalCount(value: unknown, path: string): number | null {
   return value === undefined || value === null ? null : countField(value, path);
 }
 
-/** `{after_calls?, after_calls_per_rollout?}`, at least one of them a count. */
+/** `{after_calls?, after_calls_per_rollout?, after_tokens?}`, at least one of the first two a count. */
 export function parseHoldBody(body: unknown): HoldPolicy {
-  const value = objectBody(body, '/_ctl/hold', ['after_calls', 'after_calls_per_rollout']);
+  const value = objectBody(body, '/_ctl/hold', [
+    'after_calls',
+    'after_calls_per_rollout',
+    'after_tokens',
+  ]);
   const hold: HoldPolicy = {
     after_calls: optionalCount(value.after_calls, 'after_calls'),
     after_calls_per_rollout: optionalCount(
       value.after_calls_per_rollout,
       'after_calls_per_rollout',
     ),
+    after_tokens: optionalCount(value.after_tokens, 'after_tokens') ?? 0,
   };
   if (hold.after_calls === null && hold.after_calls_per_rollout === null) {
     throw new InvalidRequestError('/_ctl/hold: give after_calls or after_calls_per_rollout');

@@ -38,3 +38,16 @@ export {
   scriptedReply,
   toolTurnAt,
 } from './script.js';
+export {
+  type CapturedCall,
+  CUT_KEY_PREFIX,
+  EFFECTIVE_OUTPUT_LIMIT,
+  TOKEN_LOGPROB,
+  WEIGHT_VERSION,
+  captureFailedCoords,
+  cutRound,
+  finishCapture,
+  generate,
+  generateRest,
+  openCapture,
+} from './capture.js';

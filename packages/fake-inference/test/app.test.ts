@@ -290,7 +290,7 @@ describe('holds and the gate', () => {
   test('after_calls holds every call from global index n on, whatever its rollout', async () => {
     expect(await control('hold', { after_calls: 1 })).toEqual({
       ok: true,
-      hold: { after_calls: 1, after_calls_per_rollout: null },
+      hold: { after_calls: 1, after_calls_per_rollout: null, after_tokens: 0 },
     });
     await chat([USER], 'a');
     const held = [chat([USER], 'b'), chat([USER])];

@@ -73,7 +73,7 @@ describe('WaitQueue', () => {
 
   test('releaseAll releases everything, clears the hold and opens the gate', async () => {
     const queue = new WaitQueue();
-    queue.setHold({ after_calls: 0, after_calls_per_rollout: 3 });
+    queue.setHold({ after_calls: 0, after_calls_per_rollout: 3, after_tokens: 0 });
     queue.setGate(true);
     const { released } = waiters(queue, ['hold', 'gate']);
     expect(queue.releaseAll()).toBe(2);
@@ -123,10 +123,12 @@ describe('control bodies', () => {
     expect(parseHoldBody({ after_calls: 1 })).toEqual({
       after_calls: 1,
       after_calls_per_rollout: null,
+      after_tokens: 0,
     });
     expect(parseHoldBody({ after_calls_per_rollout: 0 })).toEqual({
       after_calls: null,
       after_calls_per_rollout: 0,
+      after_tokens: 0,
     });
   });
 

@@ -75,18 +75,25 @@ function checkRow(
 ): Row {
   const id = String(raw.model_call_id);
   const stagingKey = raw.staging_key;
-  if (typeof stagingKey !== 'string' || stagingKey === '') fail('invalid_snapshot', `row ${id} names no staging key`);
-  const stamp = typeof raw.capture_key === 'string' && raw.capture_key !== '' ? raw.capture_key : key;
+  if (typeof stagingKey !== 'string' || stagingKey === '')
+    fail('invalid_snapshot', `row ${id} names no staging key`);
+  const stamp =
+    typeof raw.capture_key === 'string' && raw.capture_key !== '' ? raw.capture_key : key;
   if (!acceptsCaptureKey(key, stamp)) {
-    fail('foreign_capture_key', `row ${id} was staged by ${stamp}, not by ${key} or an earlier attempt`);
+    fail(
+      'foreign_capture_key',
+      `row ${id} was staged by ${stamp}, not by ${key} or an earlier attempt`,
+    );
   }
   const value = staged(stagingKey);
   if (value === undefined) fail('invalid_snapshot', `no staged record under ${stagingKey}`);
   const record = parseStagedRecord(value);
   verifyStagedRecord(record);
-  if (record.rollout_id !== stamp) fail('wrong_rollout', `staged record of ${id} belongs to ${record.rollout_id}`);
+  if (record.rollout_id !== stamp)
+    fail('wrong_rollout', `staged record of ${id} belongs to ${record.rollout_id}`);
   for (const field of COMPARED) {
-    if (record[field] !== raw[field]) fail(`wrong_${field}`, `row ${id}: ${field} differs from the staged record`);
+    if (record[field] !== raw[field])
+      fail(`wrong_${field}`, `row ${id}: ${field} differs from the staged record`);
   }
   return {
     model_call_id: id,
@@ -113,26 +120,37 @@ export function verifyAndLinearize(
   const keys = new Set<string>();
   for (const raw of manifest.records) {
     const row = checkRow(key, raw, staged);
-    if (byId.has(row.model_call_id)) fail('duplicate_manifest_row', `call ${row.model_call_id} twice`);
-    if (keys.has(row.staging_key)) fail('duplicate_staging_key', `staging key ${row.staging_key} twice`);
+    if (byId.has(row.model_call_id))
+      fail('duplicate_manifest_row', `call ${row.model_call_id} twice`);
+    if (keys.has(row.staging_key))
+      fail('duplicate_staging_key', `staging key ${row.staging_key} twice`);
     byId.set(row.model_call_id, row);
     keys.add(row.staging_key);
   }
-  const terminalId = terminalCallId ?? String(manifest.records[manifest.records.length - 1]?.model_call_id);
+  const terminalId =
+    terminalCallId ?? String(manifest.records[manifest.records.length - 1]?.model_call_id);
   const terminal = byId.get(terminalId);
   if (!terminal) fail('missing_terminal', `terminal call ${terminalId} is not in the manifest`);
 
   const chain: Row[] = [];
   const seen = new Set<string>();
-  for (let row: Row | undefined = terminal; row; ) {
-    if (seen.has(row.model_call_id)) fail('lineage_cycle', `call ${row.model_call_id} is its own ancestor`);
+  for (let row: Row | undefined = terminal; row;) {
+    if (seen.has(row.model_call_id))
+      fail('lineage_cycle', `call ${row.model_call_id} is its own ancestor`);
     seen.add(row.model_call_id);
     chain.unshift(row);
     if (row.parent_call_id === null) break;
     const parent = byId.get(row.parent_call_id);
-    if (!parent) fail('missing_parent', `parent ${row.parent_call_id} of ${row.model_call_id} is not in the manifest`);
+    if (!parent)
+      fail(
+        'missing_parent',
+        `parent ${row.parent_call_id} of ${row.model_call_id} is not in the manifest`,
+      );
     if (parent.cum_len !== row.prev_len) {
-      fail('parent_length_mismatch', `${row.model_call_id} continues ${row.prev_len} tokens, parent has ${parent.cum_len}`);
+      fail(
+        'parent_length_mismatch',
+        `${row.model_call_id} continues ${row.prev_len} tokens, parent has ${parent.cum_len}`,
+      );
     }
     row = parent;
   }
@@ -149,13 +167,15 @@ export function verifyAndLinearize(
   let chainHash: string | null = null;
   for (const row of chain) {
     const r = row.record;
-    if (!r.masks.includes(1)) fail('empty_generation', `call ${row.model_call_id} generated nothing`);
+    if (!r.masks.includes(1))
+      fail('empty_generation', `call ${row.model_call_id} generated nothing`);
     // Prompt carry (mask 0) comes before generated tokens (mask 1) within a call.
     if (r.masks.some((m, i) => m === 0 && i > 0 && r.masks[i - 1] === 1)) {
       fail('invalid_mask_order', `call ${row.model_call_id} carries prompt after generated tokens`);
     }
     chainHash = computeChainHash(chainHash, r.token_ids_delta);
-    if (chainHash !== r.chain_hash) fail('chain_hash_mismatch', `call ${row.model_call_id} does not chain from its parent`);
+    if (chainHash !== r.chain_hash)
+      fail('chain_hash_mismatch', `call ${row.model_call_id} does not chain from its parent`);
     out.token_ids.push(...r.token_ids_delta);
     out.masks.push(...r.masks);
     out.logprobs.push(...r.logprobs);
@@ -163,7 +183,10 @@ export function verifyAndLinearize(
     out.weight_versions.push(r.weight_version);
   }
   if (hashTokenIds(out.token_ids) !== terminal.record.cumulative_hash) {
-    fail('cumulative_hash_mismatch', `the tokens of ${terminalId} do not hash to its cumulative hash`);
+    fail(
+      'cumulative_hash_mismatch',
+      `the tokens of ${terminalId} do not hash to its cumulative hash`,
+    );
   }
   const firstGenerated = out.masks.indexOf(1);
   out.prompt_len = firstGenerated;

@@ -69,7 +69,10 @@ export function stagedRecordFromComponents(
 
 /** Recomputes a stored record's digests: any tampering with tokens, counts or hashes fails. */
 export function verifyStagedRecord(record: StagedCallRecord): void {
-  if (extrasDigest(record.extras) !== record.extras_digest || stagingDigest(record) !== record.digest) {
+  if (
+    extrasDigest(record.extras) !== record.extras_digest ||
+    stagingDigest(record) !== record.digest
+  ) {
     throw new CaptureValidationError(
       'corrupt_digest',
       `staged record of call ${record.model_call_id} does not match its digest`,
@@ -112,7 +115,10 @@ export interface BeginCallOptions {
   digest?: StagingDigestFn;
 }
 
-function resolvePrefix(admission: CaptureAdmission, fetched: readonly number[] | undefined): number[] {
+function resolvePrefix(
+  admission: CaptureAdmission,
+  fetched: readonly number[] | undefined,
+): number[] {
   const inline = admission.required_prefix_token_ids;
   if (admission.mode === 'text') {
     if ((fetched ?? []).length > 0) fail('invalid_prefix', 'a text root takes no prefix tokens');
@@ -141,31 +147,47 @@ function checkCut(
   if (keys === undefined || !sameStrings(keys, c.staging_keys)) {
     fail('cut_staging_keys_mismatch', 'fetched keys differ from the continuation staging keys');
   }
-  if (snapshot.rollout_id !== c.source_capture_key) fail('cut_source_mismatch', 'snapshot is not from the source capture key');
-  if (snapshot.model_call_id !== c.source_model_call_id) fail('cut_source_mismatch', 'snapshot is not the source call');
-  if (snapshot.digest !== c.prefix_digest) fail('cut_digest_mismatch', 'snapshot digest differs from prefix_digest');
+  if (snapshot.rollout_id !== c.source_capture_key)
+    fail('cut_source_mismatch', 'snapshot is not from the source capture key');
+  if (snapshot.model_call_id !== c.source_model_call_id)
+    fail('cut_source_mismatch', 'snapshot is not the source call');
+  if (snapshot.digest !== c.prefix_digest)
+    fail('cut_digest_mismatch', 'snapshot digest differs from prefix_digest');
   verifyStagedRecord(snapshot);
   if (
     snapshot.parent_call_id !== admission.parent_call_id ||
     snapshot.prev_len !== admission.prev_len ||
     snapshot.mode !== admission.mode
   ) {
-    fail('cut_lineage_mismatch', 'snapshot parent, prev_len or mode differ from the replacement call');
+    fail(
+      'cut_lineage_mismatch',
+      'snapshot parent, prev_len or mode differ from the replacement call',
+    );
   }
   const generated = snapshot.masks.filter((m) => m === 1).length;
   if (generated !== c.prefix_token_count) {
-    fail('cut_token_count_mismatch', `snapshot has ${generated} generated tokens, continuation says ${c.prefix_token_count}`);
+    fail(
+      'cut_token_count_mismatch',
+      `snapshot has ${generated} generated tokens, continuation says ${c.prefix_token_count}`,
+    );
   }
   if (snapshot.weight_version > weightVersion) {
-    fail('cut_policy_newer', `snapshot policy ${snapshot.weight_version} is newer than ${weightVersion}`);
+    fail(
+      'cut_policy_newer',
+      `snapshot policy ${snapshot.weight_version} is newer than ${weightVersion}`,
+    );
   }
   // The snapshot's digest covers only its own fields: recompute its hashes from the replacement's
   // parent, so a prefix built on other parent tokens (same parent id and length) is refused.
   if (
-    computeChainHash(admission.parent_chain_hash, snapshot.token_ids_delta) !== snapshot.chain_hash ||
+    computeChainHash(admission.parent_chain_hash, snapshot.token_ids_delta) !==
+      snapshot.chain_hash ||
     hashTokenIds([...prefix, ...snapshot.token_ids_delta]) !== snapshot.cumulative_hash
   ) {
-    fail('cut_parent_tokens_mismatch', 'the cut prefix does not extend the replacement call\'s parent tokens');
+    fail(
+      'cut_parent_tokens_mismatch',
+      "the cut prefix does not extend the replacement call's parent tokens",
+    );
   }
   return c;
 }
@@ -192,7 +214,10 @@ export function beginCall(admissionValue: unknown, options: BeginCallOptions): L
     );
     cut = { snapshot: options.generationCut, continuation };
   } else if (admission.generation_cut !== null) {
-    fail('cut_snapshot_missing', 'the admission carries a generation cut but no snapshot was given');
+    fail(
+      'cut_snapshot_missing',
+      'the admission carries a generation cut but no snapshot was given',
+    );
   }
   return {
     admission,
@@ -211,7 +236,9 @@ export function beginCall(admissionValue: unknown, options: BeginCallOptions): L
  * generated tail the call does not generate again).
  */
 export function continuedPrompt(call: LiveCall): number[] {
-  return call.cut ? [...call.prefixTokenIds, ...call.cut.snapshot.token_ids_delta] : [...call.prefixTokenIds];
+  return call.cut
+    ? [...call.prefixTokenIds, ...call.cut.snapshot.token_ids_delta]
+    : [...call.prefixTokenIds];
 }
 
 /**
@@ -227,7 +254,8 @@ export function buildPrefixRecord(
   extras: unknown = null,
 ): StagedCallRecord {
   const { admission } = call;
-  if (generated.length !== logprobs.length) fail('invalid_generation', 'one logprob per generated token');
+  if (generated.length !== logprobs.length)
+    fail('invalid_generation', 'one logprob per generated token');
   let delta: number[];
   let masks: number[];
   let lps: number[];
@@ -349,7 +377,8 @@ export function completeCall(
   logprobs: readonly number[],
   stagingKey: string = defaultStagingKey(call.admission),
 ): { record: StagedCallRecord; coords: CommitCoords } {
-  if (call.completed) fail('call_completed', `call ${call.admission.model_call_id} is already complete`);
+  if (call.completed)
+    fail('call_completed', `call ${call.admission.model_call_id} is already complete`);
   const record = buildPrefixRecord(call, promptTokenIds, generated, logprobs);
   call.completed = true;
   return { record, coords: commitCoords(record, stagingKey) };

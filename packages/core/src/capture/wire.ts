@@ -271,7 +271,8 @@ function describe(errors: ErrorObject[] | null | undefined): string {
   const e = errors?.[0];
   if (!e) return 'invalid';
   const at = e.instancePath === '' ? '(root)' : e.instancePath;
-  const extra = e.keyword === 'additionalProperties' ? ` (${String(e.params.additionalProperty)})` : '';
+  const extra =
+    e.keyword === 'additionalProperties' ? ` (${String(e.params.additionalProperty)})` : '';
   return `${at} ${e.message ?? 'invalid'}${extra}`;
 }
 
@@ -287,7 +288,10 @@ function rule(ok: boolean, reason: string, detail: string): void {
   if (!ok) throw new CaptureValidationError(reason, detail);
 }
 
-function checkTerminal(value: { terminal_finish_reason?: FinishReason; terminal_stop_reason?: unknown }, what: string): void {
+function checkTerminal(
+  value: { terminal_finish_reason?: FinishReason; terminal_stop_reason?: unknown },
+  what: string,
+): void {
   rule(
     value.terminal_stop_reason === undefined ||
       value.terminal_stop_reason === null ||
@@ -376,12 +380,24 @@ export function parseCaptureAdmission(value: unknown): CaptureAdmission {
 export function parseCommitCoords(value: unknown): CommitCoords {
   const c = check<CommitCoords>('coords', value, 'CommitCoords');
   rule(c.cum_len === c.prev_len + c.delta_len, 'invalid_coords', 'cum_len != prev_len + delta_len');
-  rule((c.parent_call_id === null) === (c.prev_len === 0), 'invalid_coords', 'parentless iff prev_len == 0');
+  rule(
+    (c.parent_call_id === null) === (c.prev_len === 0),
+    'invalid_coords',
+    'parentless iff prev_len == 0',
+  );
   const staged = [c.digest, c.extras_digest, c.staging_key, c.chain_hash, c.cumulative_hash];
   if (c.disposition === 'staged') {
-    rule(staged.every((v) => v !== null) && c.delta_len > 0, 'invalid_coords', 'staged needs every digest and key, delta_len > 0');
+    rule(
+      staged.every((v) => v !== null) && c.delta_len > 0,
+      'invalid_coords',
+      'staged needs every digest and key, delta_len > 0',
+    );
   } else {
-    rule(staged.every((v) => v === null) && c.delta_len === 0, 'invalid_coords', 'capture_failed carries no digest, key or tokens');
+    rule(
+      staged.every((v) => v === null) && c.delta_len === 0,
+      'invalid_coords',
+      'capture_failed carries no digest, key or tokens',
+    );
   }
   return c;
 }
@@ -400,7 +416,9 @@ export function parseStagedRecord(value: unknown): StagedCallRecord {
 }
 
 /** The inventory digest: SHA-256 of Python's `json.dumps(sort_keys=True, separators=(",",":"))`. */
-export function inventoryDigest(inventory: Omit<GenerationCutInventory, 'inventory_digest'>): string {
+export function inventoryDigest(
+  inventory: Omit<GenerationCutInventory, 'inventory_digest'>,
+): string {
   const prefixes = [...inventory.active_prefixes].sort((a, b) =>
     a.ticket_id < b.ticket_id ? -1 : a.ticket_id > b.ticket_id ? 1 : 0,
   );

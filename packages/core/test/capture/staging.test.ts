@@ -34,7 +34,12 @@ function rootAdmission(key: string, id: string): CaptureAdmission {
   };
 }
 
-function childAdmission(key: string, id: string, parent: StagedCallRecord, cut: GenerationCutContinuation | null = null): CaptureAdmission {
+function childAdmission(
+  key: string,
+  id: string,
+  parent: StagedCallRecord,
+  cut: GenerationCutContinuation | null = null,
+): CaptureAdmission {
   return {
     schema_version: 2,
     rollout_id: key,
@@ -73,7 +78,10 @@ function continuationOf(snapshot: StagedCallRecord, key: string): GenerationCutC
 
 /** A cut of call c2 (child of the root) after generating [20, 21]. */
 function cutChild(root: StagedCallRecord, prefix = parentTokens(root)): StagedCallRecord {
-  const live = beginCall(childAdmission('r', 'c2', root), { weightVersion: WEIGHT, prefixTokenIds: prefix });
+  const live = beginCall(childAdmission('r', 'c2', root), {
+    weightVersion: WEIGHT,
+    prefixTokenIds: prefix,
+  });
   return buildPrefixRecord(live, [...prefix, 4, 5], [20, 21], [-0.3, -0.4]);
 }
 
@@ -146,12 +154,24 @@ describe('worker staging helpers', () => {
     };
     const good = continuationOf(snapshot, 'cutkey');
     const admission = (c: GenerationCutContinuation) => childAdmission('r-a1', 'c3', root, c);
-    expect(() => beginCall(admission(good), { ...base, generationCutStagingKeys: ['other'] })).toThrow(/cut_staging_keys_mismatch/);
-    expect(() => beginCall(admission({ ...good, prefix_digest: '0'.repeat(64) }), base)).toThrow(/cut_digest_mismatch/);
-    expect(() => beginCall(admission({ ...good, prefix_token_count: 3 }), base)).toThrow(/cut_token_count_mismatch/);
-    expect(() => beginCall(admission({ ...good, source_model_call_id: 'x' }), base)).toThrow(/cut_source_mismatch/);
-    expect(() => beginCall(admission(good), { ...base, weightVersion: WEIGHT - 1 })).toThrow(/cut_policy_newer/);
-    expect(() => beginCall(admission(good), { ...base, generationCut: undefined })).toThrow(/cut_snapshot_missing/);
+    expect(() =>
+      beginCall(admission(good), { ...base, generationCutStagingKeys: ['other'] }),
+    ).toThrow(/cut_staging_keys_mismatch/);
+    expect(() => beginCall(admission({ ...good, prefix_digest: '0'.repeat(64) }), base)).toThrow(
+      /cut_digest_mismatch/,
+    );
+    expect(() => beginCall(admission({ ...good, prefix_token_count: 3 }), base)).toThrow(
+      /cut_token_count_mismatch/,
+    );
+    expect(() => beginCall(admission({ ...good, source_model_call_id: 'x' }), base)).toThrow(
+      /cut_source_mismatch/,
+    );
+    expect(() => beginCall(admission(good), { ...base, weightVersion: WEIGHT - 1 })).toThrow(
+      /cut_policy_newer/,
+    );
+    expect(() => beginCall(admission(good), { ...base, generationCut: undefined })).toThrow(
+      /cut_snapshot_missing/,
+    );
   });
 
   it('a continued call that is cut again stages the old prefix plus the new tail, oldest policy', () => {
@@ -200,7 +220,13 @@ describe('worker staging helpers', () => {
 
 describe('generation-cut wire models', () => {
   const prefixes = [
-    { ticket_id: 'b', rollout_id: 'r2', attempt: 0, model_call_id: 'c\u00e92', admitted_at: 1755600000.25 },
+    {
+      ticket_id: 'b',
+      rollout_id: 'r2',
+      attempt: 0,
+      model_call_id: 'c\u00e92',
+      admitted_at: 1755600000.25,
+    },
     { ticket_id: 'a', rollout_id: 'r', attempt: 1, model_call_id: 'c1', admitted_at: 1755600000.0 },
   ];
 
@@ -223,21 +249,37 @@ describe('generation-cut wire models', () => {
       prefixes: prefixes.map(ack),
     };
     expect(validateReceiptFor(receipt, inventory).prefixes).toHaveLength(2);
-    expect(() => validateReceiptFor({ ...receipt, prefixes: [ack(prefixes[0]!)] }, inventory)).toThrow(/receipt_mismatch/);
     expect(() =>
-      validateReceiptFor({ ...receipt, prefixes: [ack(prefixes[0]!), { ...ack(prefixes[1]!), attempt: 5 }] }, inventory),
+      validateReceiptFor({ ...receipt, prefixes: [ack(prefixes[0]!)] }, inventory),
     ).toThrow(/receipt_mismatch/);
     expect(() =>
-      validateReceiptFor({ ...receipt, prefixes: [ack(prefixes[0]!), { ...ack(prefixes[1]!), staging_keys: ['k'] }] }, inventory),
+      validateReceiptFor(
+        { ...receipt, prefixes: [ack(prefixes[0]!), { ...ack(prefixes[1]!), attempt: 5 }] },
+        inventory,
+      ),
+    ).toThrow(/receipt_mismatch/);
+    expect(() =>
+      validateReceiptFor(
+        {
+          ...receipt,
+          prefixes: [ack(prefixes[0]!), { ...ack(prefixes[1]!), staging_keys: ['k'] }],
+        },
+        inventory,
+      ),
     ).toThrow(/invalid_ack/);
-    expect(() => validateReceiptFor({ ...receipt, extra: 1 }, inventory)).toThrow(/invalid_receipt/);
+    expect(() => validateReceiptFor({ ...receipt, extra: 1 }, inventory)).toThrow(
+      /invalid_receipt/,
+    );
   });
 });
 
 describe('rebuild', () => {
   function lineage(rootKey: string) {
     const root = stagedRoot(rootKey);
-    const call = beginCall(childAdmission('r-a1', 'c2', root), { weightVersion: WEIGHT, prefixTokenIds: root.token_ids_delta });
+    const call = beginCall(childAdmission('r-a1', 'c2', root), {
+      weightVersion: WEIGHT,
+      prefixTokenIds: root.token_ids_delta,
+    });
     const child = completeCall(call, [...root.token_ids_delta, 4], [12], [-1]);
     const store = new Map<string, StagedCallRecord>([
       [`${rootKey}/c1`, root],
@@ -281,7 +323,10 @@ describe('rebuild', () => {
     const { root, child, store, row } = lineage('other');
     expect(() =>
       verifyAndLinearize(
-        { rollout_id: 'r-a1', records: [row(root, 'other/c1', 'other'), row(child, 'r-a1/c2', null)] },
+        {
+          rollout_id: 'r-a1',
+          records: [row(root, 'other/c1', 'other'), row(child, 'r-a1/c2', null)],
+        },
         (k) => store.get(k),
       ),
     ).toThrow(/foreign_capture_key/);
@@ -290,7 +335,9 @@ describe('rebuild', () => {
   it('rebuild rejects a carried row stamped with a later attempt as foreign_capture_key', () => {
     const { root, store, row } = lineage('r-a2');
     expect(() =>
-      verifyAndLinearize({ rollout_id: 'r-a1', records: [row(root, 'r-a2/c1', 'r-a2')] }, (k) => store.get(k)),
+      verifyAndLinearize({ rollout_id: 'r-a1', records: [row(root, 'r-a2/c1', 'r-a2')] }, (k) =>
+        store.get(k),
+      ),
     ).toThrow(/foreign_capture_key/);
   });
 
@@ -298,11 +345,16 @@ describe('rebuild', () => {
     const { root, child, store, row } = lineage('r');
     store.set('r/c1', { ...root, token_ids_delta: [1, 2, 3, 10, 99] });
     expect(() =>
-      verifyAndLinearize({ rollout_id: 'r-a1', records: [row(root, 'r/c1', 'r'), row(child, 'r-a1/c2', null)] }, (k) => store.get(k)),
+      verifyAndLinearize(
+        { rollout_id: 'r-a1', records: [row(root, 'r/c1', 'r'), row(child, 'r-a1/c2', null)] },
+        (k) => store.get(k),
+      ),
     ).toThrow(/corrupt_digest/);
     store.set('r/c1', root);
     expect(() =>
-      verifyAndLinearize({ rollout_id: 'r-a1', records: [row(child, 'r-a1/c2', null)] }, (k) => store.get(k)),
+      verifyAndLinearize({ rollout_id: 'r-a1', records: [row(child, 'r-a1/c2', null)] }, (k) =>
+        store.get(k),
+      ),
     ).toThrow(/missing_parent/);
   });
 });

@@ -1,0 +1,247 @@
+/**
+ * The policy model server: the proxy, the policy gate and — with `checkpoint_policy: true` and
+ * checkpointing on — the model participant and its control routes; with token capture on, the
+ * capture ledger and its control routes.
+ */
+import {
+  AdmissionClosedError,
+  ConfigError,
+  createGymApp,
+  type ControlPlane,
+  InvalidRequestError,
+  type Logger,
+  type ServerSettings,
+  type StackSettings,
+  bearerAuth,
+  createHttpClients,
+  createLogger,
+  toClientError,
+  sendError,
+} from '@ckpt-gym/core';
+import express, { type Express, type Router } from 'express';
+
+import { GenerationCuts, generationCutUrl } from './cuts.js';
+import { PolicyGate } from './gate.js';
+import { CaptureLedger, LedgerRetiredError } from './ledger.js';
+import { type ModelRecord, PolicyParticipant } from './participant.js';
+import { createProxyRouter } from './proxy.js';
+
+export const CAPTURE_CONTROL_PREFIX = '/training-token-capture/control';
+export const MAX_REMOVAL_BATCH = 4096;
+
+/** The app's own keys of a `kind: model` server in the stack file. */
+export interface PolicyModelConfig {
+  backendUrl: string;
+  /** The server joins checkpoints (only with the global `checkpoint:` block enabled). */
+  checkpointPolicy: boolean;
+  checkpointGenerationCuts: boolean;
+  /** Where the backend serves generation cuts (default: derived from `backendUrl`). */
+  generationCutControlUrl: string;
+  /** Forward `/ng-rollout/<key>` to the backend (default true; set false for a stock vLLM). */
+  forwardRolloutPrefix: boolean;
+  backendApiKey: string | undefined;
+  /** Bearer of the capture-ledger control routes (default: the checkpoint control token). */
+  captureControlToken: string | undefined;
+}
+
+function optional<T>(
+  config: Readonly<Record<string, unknown>>,
+  name: string,
+  key: string,
+  type: 'boolean' | 'string',
+  fallback: T,
+): T {
+  const value = config[key];
+  if (value === undefined || value === null) return fallback;
+  if (typeof value !== type) {
+    throw new ConfigError(
+      `servers.${name}.${key}: must be a ${type}, got ${JSON.stringify(value)}`,
+    );
+  }
+  return value as T;
+}
+
+/** Reads and checks the app's keys; a problem is a `ConfigError` naming the key. */
+export function policyModelConfig(server: ServerSettings): PolicyModelConfig {
+  const { config, name } = server;
+  const backendUrl = config.backend_url;
+  if (typeof backendUrl !== 'string' || !URL.canParse(backendUrl)) {
+    throw new ConfigError(
+      `servers.${name}.backend_url: a model server needs the backend's http(s) URL`,
+    );
+  }
+  return {
+    backendUrl,
+    checkpointPolicy: optional(config, name, 'checkpoint_policy', 'boolean', false),
+    checkpointGenerationCuts: optional(
+      config,
+      name,
+      'checkpoint_generation_cuts',
+      'boolean',
+      false,
+    ),
+    generationCutControlUrl: optional(
+      config,
+      name,
+      'generation_cut_control_url',
+      'string',
+      generationCutUrl(backendUrl),
+    ),
+    forwardRolloutPrefix: optional(config, name, 'forward_rollout_prefix', 'boolean', true),
+    backendApiKey: optional<string | undefined>(
+      config,
+      name,
+      'backend_api_key',
+      'string',
+      undefined,
+    ),
+    captureControlToken: optional<string | undefined>(
+      config,
+      name,
+      'capture_control_token',
+      'string',
+      undefined,
+    ),
+  };
+}
+
+export interface PolicyModelServer {
+  readonly app: Express;
+  readonly logger: Logger;
+  readonly gate: PolicyGate;
+  /** Present when this server is a checkpoint participant. */
+  readonly participant: PolicyParticipant | undefined;
+  readonly plane: ControlPlane<ModelRecord> | undefined;
+  /** Present when token capture is on. */
+  readonly ledger: CaptureLedger | undefined;
+  readonly config: PolicyModelConfig;
+}
+
+export interface PolicyModelOptions {
+  logger?: Logger;
+}
+
+/** Builds the server's express app (listen on it with core's `listen`). */
+export async function createPolicyModelServer(
+  server: ServerSettings,
+  stack: StackSettings,
+  options: PolicyModelOptions = {},
+): Promise<PolicyModelServer> {
+  if (server.kind !== 'model') {
+    throw new ConfigError(`servers.${server.name}: a policy model server must be kind: model`);
+  }
+  const config = policyModelConfig(server);
+  const ledger = stack.tokenCapture.enabled
+    ? await new CaptureLedger(stack.tokenCapture.dir).init()
+    : undefined;
+  const joins = stack.checkpoint !== undefined && config.checkpointPolicy;
+
+  const logger = options.logger ?? createLogger({ server: server.name, kind: 'model' });
+  let cuts: GenerationCuts | undefined;
+  if (config.checkpointGenerationCuts && joins && ledger) {
+    cuts = new GenerationCuts({
+      serverName: server.name,
+      url: config.generationCutControlUrl,
+      token: stack.checkpoint!.controlAuthToken,
+      control: createHttpClients().control,
+      logger,
+    });
+  } else if (config.checkpointGenerationCuts) {
+    logger.warn(
+      'checkpoint_generation_cuts needs checkpoint_policy, checkpointing and token capture on; cuts are off',
+    );
+  }
+
+  let participant: PolicyParticipant | undefined;
+  const gate = new PolicyGate(() => participant?.changed());
+  if (joins) participant = new PolicyParticipant(server.name, gate, ledger, cuts);
+
+  const gym = createGymApp<ModelRecord>({
+    name: server.name,
+    kind: 'model',
+    checkpoint: joins ? stack.checkpoint : undefined,
+    participant,
+    logger,
+  });
+
+  const token = config.captureControlToken ?? stack.checkpoint?.controlAuthToken;
+  if (ledger && token !== undefined) {
+    gym.app.use(CAPTURE_CONTROL_PREFIX, captureControlRouter(ledger, gate, token));
+  }
+  gym.app.use(
+    createProxyRouter({
+      backendUrl: config.backendUrl,
+      forwardRolloutPrefix: config.forwardRolloutPrefix,
+      backendApiKey: config.backendApiKey,
+      gate,
+      ledger,
+      cuts,
+      ...(participant ? { afterAdmit: participant.afterAdmit.bind(participant) } : {}),
+      logger: gym.logger,
+    }),
+  );
+  gym.finish();
+  return { app: gym.app, logger: gym.logger, gate, participant, plane: gym.plane, ledger, config };
+}
+
+/** The ids of a removal body: `{"rollout_ids": [1..4096 strings]}`, nothing else. */
+export function removalIds(body: unknown): string[] {
+  if (typeof body !== 'object' || body === null || Array.isArray(body)) {
+    throw new InvalidRequestError('body: must be an object with rollout_ids');
+  }
+  const { rollout_ids: ids, ...extra } = body as Record<string, unknown>;
+  const unknownKeys = Object.keys(extra);
+  if (unknownKeys.length > 0)
+    throw new InvalidRequestError(`body: unknown keys ${unknownKeys.join(', ')}`);
+  if (
+    !Array.isArray(ids) ||
+    ids.length < 1 ||
+    ids.length > MAX_REMOVAL_BATCH ||
+    !ids.every((id) => typeof id === 'string')
+  ) {
+    throw new InvalidRequestError(
+      `rollout_ids: must be a list of 1 to ${MAX_REMOVAL_BATCH} strings`,
+    );
+  }
+  return ids as string[];
+}
+
+/**
+ * The training framework's ledger cleanup routes. Retire and delete are refused while a checkpoint
+ * is open here: a commit reads the ledger of every episode it continues, and a removal landing
+ * between prepare and commit would leave the checkpoint an episode without lineage.
+ */
+function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: string): Router {
+  const router = express.Router();
+  router.use(bearerAuth(token));
+  router.get('/rollouts/:id/manifest', async (req, res) => {
+    try {
+      res.json(await ledger.manifest(String(req.params.id)));
+    } catch (err) {
+      if (err instanceof LedgerRetiredError) {
+        res.status(410).json({ error: { code: 'rollout_retired', detail: err.message } });
+      } else {
+        sendError(res, toClientError(err));
+      }
+    }
+  });
+  const removal =
+    (op: 'retire' | 'delete') =>
+    async (req: express.Request, res: express.Response): Promise<void> => {
+      try {
+        const ids = removalIds(req.body);
+        if (!gate.accepting) {
+          throw new AdmissionClosedError(
+            'a checkpoint is open on this model server; retry ledger retire and delete after it resumes',
+          );
+        }
+        res.json(await (op === 'retire' ? ledger.retire(ids) : ledger.delete(ids)));
+      } catch (err) {
+        sendError(res, toClientError(err));
+      }
+    };
+  const json = express.json({ limit: '4mb' });
+  router.post('/rollouts/retire', json, removal('retire'));
+  router.post('/rollouts/delete', json, removal('delete'));
+  return router;
+}

@@ -1,0 +1,73 @@
+// The public API of @ckpt-gym/policy-model-server.
+export {
+  CAPTURE_CONTROL_PREFIX,
+  MAX_REMOVAL_BATCH,
+  type PolicyModelConfig,
+  type PolicyModelOptions,
+  type PolicyModelServer,
+  createPolicyModelServer,
+  policyModelConfig,
+  removalIds,
+} from './app.js';
+export { GateMarks, PolicyGate, type Ticket, staleAttempt } from './gate.js';
+export {
+  CaptureLedger,
+  FENCE_SUFFIX,
+  LEDGER_SUFFIX,
+  LedgerRetiredError,
+  type LedgerManifest,
+  LOCK_DIR,
+  LOCK_STRIPES,
+  lockStripe,
+  type RolloutRemoval,
+  STARTED_SUFFIX,
+  TOKEN_SUFFIXES,
+  keyOfFile,
+} from './ledger.js';
+export {
+  type ModelRecord,
+  PolicyParticipant,
+  UNTAGGED_BLOCKER,
+  attemptsThrough,
+  stampRows,
+} from './participant.js';
+export {
+  BackendClient,
+  GENERATION_BODY_LIMIT,
+  type ProxyOptions,
+  backendTarget,
+  createProxyRouter,
+  ledgerRow,
+} from './proxy.js';
+export {
+  type ChatMessage,
+  type ChatToolCall,
+  type ResponseUsage,
+  ResponsesStream,
+  chatToResponse,
+  inputToMessages,
+  responseIdFor,
+  responsesToChatRequest,
+} from './responses.js';
+export { type SseEvent, SseReader, parseSseEvent } from './sse.js';
+export {
+  type CutOptions,
+  type CutRecord,
+  type CuttableCall,
+  GenerationCuts,
+  generationCutUrl,
+  parseCutRecord,
+} from './cuts.js';
+export {
+  type CallLineage,
+  type Resolution,
+  INVALID_COORDS,
+  MISSING_COORDS,
+  PARENT_WITHOUT_CHAIN_REASON,
+  UNRESOLVED_PARENT_REASON,
+  WORKER_CAPTURE_FAILED,
+  captureAdmission,
+  cutRestartReason,
+  lineageColumns,
+  resolveParent,
+} from './lineage.js';

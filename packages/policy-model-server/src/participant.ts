@@ -1,0 +1,269 @@
+/**
+ * The model participant (kind `model`): the policy gate's side of the checkpoint protocol.
+ *
+ * - prepare closes admission; it is ready once no response is streaming (held ones never block).
+ * - commit exports each in-scope episode's ledger rows minus the rows of calls not delivered.
+ * - restore (only on a server that has served no call) imports each episode's rows under its next
+ *   attempt, then retires the ledgers of the attempts it continues and their earlier ones.
+ * - retire cancels and waits for the calls of the attempt and its earlier ones, then retires their
+ *   ledgers.
+ */
+import {
+  type AdmissionRequest,
+  BaseParticipant,
+  captureKey,
+  CheckpointError,
+  type CheckpointRecord,
+  covers,
+  type EpisodeId,
+  CheckpointStateError,
+  type JsonObject,
+  nextAttempt,
+  parseCaptureKey,
+  type PrepareReport,
+  prepareReport,
+  type RetiredMarks,
+} from '@ckpt-gym/core';
+import { type GenerationCuts, parseCutRecord } from './cuts.js';
+import type { PolicyGate, Ticket } from './gate.js';
+import type { CaptureLedger } from './ledger.js';
+
+export interface ModelRecord extends CheckpointRecord {
+  /** Ledger rows, token-free; restored rows carry `capture_key`, the attempt that staged them. */
+  rows: JsonObject[];
+  /** The episode's latest generation cut, if any (at most one). */
+  generation_cuts: JsonObject[];
+}
+
+/** The key named by an untagged call in blockers (prepare reports capture keys). */
+export const UNTAGGED_BLOCKER = '(untagged)';
+
+/** Capture keys of attempts 0..e.attempt of e's rollout. */
+export function attemptsThrough(e: EpisodeId): string[] {
+  return Array.from({ length: e.attempt + 1 }, (_, attempt) =>
+    captureKey({ rollout_id: e.rollout_id, attempt }),
+  );
+}
+
+/**
+ * Stamps each carried row with the capture key that staged it; a row already stamped keeps its
+ * stamp (a chain of restores names the attempt that staged each call), failure rows are untouched.
+ */
+export function stampRows(rows: readonly JsonObject[], source: string): JsonObject[] {
+  return rows.map((row) =>
+    row.failure_reason !== undefined ||
+    (typeof row.capture_key === 'string' && row.capture_key !== '')
+      ? row
+      : { ...row, capture_key: source },
+  );
+}
+
+/** Sorted staging keys of rows and cuts. */
+function stagingKeysOf(record: ModelRecord): string[] {
+  const keys = new Set<string>();
+  for (const row of record.rows) {
+    if (typeof row.staging_key === 'string' && row.staging_key !== '') keys.add(row.staging_key);
+  }
+  for (const cut of record.generation_cuts) {
+    const continuation = cut.continuation as JsonObject | undefined;
+    const staged = continuation?.staging_keys;
+    if (Array.isArray(staged)) for (const k of staged) if (typeof k === 'string') keys.add(k);
+  }
+  return [...keys].sort();
+}
+
+export class PolicyParticipant extends BaseParticipant<ModelRecord> {
+  override readonly marks: RetiredMarks;
+  /** Replacement attempts a restore installed that no call has entered yet. */
+  readonly #restoredTargets = new Set<string>();
+
+  constructor(
+    instance: string,
+    readonly gate: PolicyGate,
+    readonly ledger: CaptureLedger | undefined,
+    readonly cuts: GenerationCuts | undefined = undefined,
+  ) {
+    super('model', instance);
+    this.marks = gate.marks;
+  }
+
+  /** Wired as the gate's change listener. */
+  changed(): void {
+    this.notifyChange();
+  }
+
+  /**
+   * Runs after a call is admitted: the first call of a restored attempt marks it started (in the
+   * shared ledger directory too) before it can be held or write a row.
+   */
+  async afterAdmit(ticket: Ticket): Promise<void> {
+    const key = ticket.captureKey;
+    if (key === undefined || !this.#restoredTargets.delete(key)) return;
+    await this.ledger?.markStarted(key);
+  }
+
+  /** Closes admission, then runs the checkpoint's generation-cut round (never fails prepare). */
+  async closeAdmission(request: AdmissionRequest): Promise<void> {
+    this.gate.close();
+    await this.cuts?.cutRound(request.checkpointId, request.deadlineTs);
+  }
+
+  async openAdmission(): Promise<void> {
+    this.cuts?.reopened();
+    this.gate.open();
+  }
+
+  ready(): boolean {
+    return this.gate.ready;
+  }
+
+  readiness(): PrepareReport {
+    const keys = this.gate.streamingKeys().map((k) => (k === '' ? UNTAGGED_BLOCKER : k));
+    return prepareReport({
+      blockers: keys,
+      blockerCount: this.gate.streamingKeyCount,
+      counts: {
+        inflight: this.gate.inflight,
+        held: this.gate.held,
+        ...(this.cuts ? { cut_failures: this.cuts.failures, cut_skipped: this.cuts.skipped } : {}),
+      },
+    });
+  }
+
+  async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
+    if (scope === null) {
+      throw new CheckpointError(
+        'model commit needs the episode_ids the controller continues from this checkpoint',
+      );
+    }
+    // Rows are published only once a response starts, so an undelivered call has none; the
+    // filter stays as a guard.
+    const undelivered = this.gate.undeliveredCallIds();
+    const records: ModelRecord[] = [];
+    for (const episode of scope) {
+      signal.throwIfAborted();
+      if (!this.ledger) continue;
+      const key = captureKey(episode);
+      const rows = (await this.ledger.exportRows(key)).filter(
+        (row) => !undelivered.has(String(row.model_call_id)),
+      );
+      const cut = this.cuts?.exportCut(key);
+      const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
+      if (rows.length > 0 || cuts.length > 0) {
+        records.push({ episode_id: episode, rows, generation_cuts: cuts });
+      }
+    }
+    return records;
+  }
+
+  validateRecord(record: JsonObject, key: string): ModelRecord {
+    const { rows, generation_cuts: cuts = [] } = record;
+    const bad = (problem: string) => new CheckpointStateError(`model record ${key}: ${problem}`);
+    if (!Array.isArray(rows) || !rows.every((r) => isJsonObject(r))) {
+      throw bad('rows must be a list of objects');
+    }
+    if (!Array.isArray(cuts) || !cuts.every((c) => isJsonObject(c))) {
+      throw bad('generation_cuts must be a list of objects');
+    }
+    if (cuts.length > 1) throw bad(`episode ${key} has more than one undelivered cut`);
+    for (const cut of cuts as JsonObject[]) {
+      try {
+        parseCutRecord(cut);
+      } catch (err) {
+        throw bad(`invalid generation cut: ${(err as Error).message}`);
+      }
+    }
+    return {
+      episode_id: parseCaptureKey(key),
+      rows: rows as JsonObject[],
+      generation_cuts: cuts as JsonObject[],
+    };
+  }
+
+  override checkRestore(): void {
+    if (this.gate.served) {
+      throw new CheckpointError(
+        'model restore requires a freshly started model server; this one has served calls',
+      );
+    }
+  }
+
+  async install(records: ModelRecord[], scope: readonly EpisodeId[]): Promise<void> {
+    const withRows = records.filter((r) => r.rows.length > 0);
+    if (!this.ledger) {
+      if (withRows.length > 0) {
+        throw new CheckpointError(
+          'checkpoint holds capture-ledger rows but this model server has no capture ledger',
+        );
+      }
+    } else {
+      const byKey = new Map(records.map((r) => [captureKey(r.episode_id), r]));
+      const targets = new Map<string, JsonObject[]>();
+      // Every in-scope episode, with or without a record: the import also clears what dead
+      // executions left for its next attempts.
+      for (const episode of scope) {
+        const source = captureKey(episode);
+        targets.set(
+          captureKey(nextAttempt(episode)),
+          stampRows(byKey.get(source)?.rows ?? [], source),
+        );
+      }
+      await this.ledger.importMany(targets);
+      // Attempts 0..N continue as N+1 and never write again.
+      await this.ledger.retire(scope.flatMap(attemptsThrough));
+    }
+    const inScope = new Set(scope.map(captureKey));
+    for (const record of records) {
+      const [cut] = record.generation_cuts;
+      const source = captureKey(record.episode_id);
+      if (cut && inScope.has(source)) {
+        this.cuts?.install(captureKey(nextAttempt(record.episode_id)), parseCutRecord(cut));
+      }
+    }
+    for (const episode of scope) this.#restoredTargets.add(captureKey(nextAttempt(episode)));
+  }
+
+  restoredPending(): EpisodeId[] {
+    return [...this.#restoredTargets].sort().map(parseCaptureKey);
+  }
+
+  /**
+   * Frees a restored attempt nothing started, without a fence (the controller may still start
+   * the rollout over as that attempt); keeps its ledger if a server sharing it started it. The
+   * ledger goes first, so a failed delete leaves the attempt pending for the retried commit.
+   */
+  override async deleteRestored(episode: EpisodeId): Promise<void> {
+    const key = captureKey(episode);
+    await this.ledger?.deleteUnstarted(key);
+    this.#restoredTargets.delete(key);
+    this.cuts?.drop(key);
+  }
+
+  async retire(episode: EpisodeId): Promise<void> {
+    await this.gate.retire(episode);
+    this.cuts?.retire(episode);
+    for (const key of [...this.#restoredTargets]) {
+      if (covers(episode, parseCaptureKey(key))) this.#restoredTargets.delete(key);
+    }
+    await this.ledger?.retire(attemptsThrough(episode));
+  }
+
+  override statusExtra(): Record<string, unknown> {
+    return { served: this.gate.served, waiting: this.gate.waitingCount };
+  }
+
+  override commitReplyExtra(records: ModelRecord[]): Record<string, unknown> {
+    const byEpisode: Record<string, string[]> = {};
+    const all = new Set<string>();
+    for (const record of records) {
+      const keys = stagingKeysOf(record);
+      byEpisode[captureKey(record.episode_id)] = keys;
+      for (const k of keys) all.add(k);
+    }
+    return { staging_keys: [...all].sort(), staging_keys_by_episode: byEpisode };
+  }
+}
+
+function isJsonObject(value: unknown): value is JsonObject {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}

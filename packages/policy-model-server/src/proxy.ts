@@ -1,0 +1,489 @@
+/**
+ * The OpenAI-compatible proxy: `/v1/chat/completions` (passthrough), `/v1/responses` (converted
+ * to chat completions and back), `/v1/models`, each forwarded to the inference backend. Generation
+ * calls pass the policy gate, and nothing of their response — status, headers, body — is written
+ * before it starts: at its first chunk of answer data, after the gate delivers it and the capture
+ * ledger row is published. SSE comments (keep-alives) never start a response.
+ */
+import { createHash } from 'node:crypto';
+import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+
+import {
+  CkptGymError,
+  InternalError,
+  InvalidRequestError,
+  type JsonObject,
+  type Logger,
+  captureKey,
+  conversationDigest,
+  requestEpisode,
+  requestSignal,
+  sendError,
+  toClientError,
+} from '@ckpt-gym/core';
+import express, { type Request, type Response, type Router } from 'express';
+
+import type { GenerationCuts } from './cuts.js';
+import type { PolicyGate, Ticket } from './gate.js';
+import type { CaptureLedger } from './ledger.js';
+import {
+  type CallLineage,
+  captureAdmission,
+  cutRestartReason,
+  lineageColumns,
+  resolveParent,
+} from './lineage.js';
+import { chatToResponse, responsesToChatRequest, ResponsesStream } from './responses.js';
+import { type SseEvent, SseReader } from './sse.js';
+
+export const GENERATION_BODY_LIMIT = '50mb';
+
+export interface ProxyOptions {
+  /** The backend's OpenAI base URL, e.g. `http://127.0.0.1:8100/v1`. */
+  backendUrl: string;
+  /** Forward `/ng-rollout/<key>` to the backend (the fake backend attributes calls by it). */
+  forwardRolloutPrefix: boolean;
+  /** Sent as `Authorization: Bearer …` to the backend when set. */
+  backendApiKey?: string | undefined;
+  gate: PolicyGate;
+  /** The capture ledger when token capture is on. */
+  ledger: CaptureLedger | undefined;
+  /** Generation cuts, when on: continuations for re-issued calls, the calls a cut round sees. */
+  cuts?: GenerationCuts | undefined;
+  /** Runs once a call is admitted, before it is forwarded (restored attempts mark themselves started). */
+  afterAdmit?: (ticket: Ticket) => Promise<void>;
+  logger: Logger;
+}
+
+type Route = 'chat.completions' | 'responses';
+type Obj = Record<string, unknown>;
+
+/** The backend URL for `path` (relative to its `/v1` base), with the rollout prefix at the root. */
+export function backendTarget(
+  backendUrl: string,
+  key: string | undefined,
+  path: string,
+  forwardPrefix: boolean,
+): string {
+  const url = new URL(backendUrl);
+  const base = url.pathname.replace(/\/+$/, '');
+  const prefix = forwardPrefix && key !== undefined ? `/ng-rollout/${encodeURIComponent(key)}` : '';
+  return `${url.origin}${prefix}${base}${path}`;
+}
+
+/**
+ * Calls to the backend on keep-alive agents of its own (node's http client: lighter per call than
+ * fetch, and its reply streams as an async iterable of chunks).
+ */
+export class BackendClient {
+  readonly #http = new HttpAgent({ keepAlive: true });
+  readonly #https = new HttpsAgent({ keepAlive: true });
+
+  request(
+    url: string,
+    init: { method: string; headers: Record<string, string>; body?: string; signal: AbortSignal },
+  ): Promise<IncomingMessage> {
+    const target = new URL(url);
+    const secure = target.protocol === 'https:';
+    return new Promise((resolve, reject) => {
+      const req = (secure ? httpsRequest : httpRequest)(target, {
+        method: init.method,
+        headers:
+          init.body === undefined
+            ? init.headers
+            : { ...init.headers, 'content-length': Buffer.byteLength(init.body) },
+        agent: secure ? this.#https : this.#http,
+        signal: init.signal,
+      });
+      req.once('response', resolve);
+      req.once('error', reject);
+      req.end(init.body);
+    });
+  }
+
+  close(): void {
+    this.#http.destroy();
+    this.#https.destroy();
+  }
+}
+
+async function readText(reply: IncomingMessage): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of reply) chunks.push(chunk as Buffer);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+const isOk = (reply: IncomingMessage): boolean =>
+  reply.statusCode !== undefined && reply.statusCode >= 200 && reply.statusCode < 300;
+
+/** A ledger write failed: the call is poisoned and sends no answer. */
+class PoisonedCallError extends InternalError {}
+
+/** What the first answer chunk tells the ledger row. */
+export interface AnswerStart {
+  responseId: string | null;
+  usage: Obj | undefined;
+  /** The worker's `ng_commit_coords`. */
+  coords: unknown;
+  /** The answer's assistant message (unknown for a streamed answer at its first chunk). */
+  message: unknown;
+}
+
+/**
+ * The ledger row of a delivered call (reference §3.3): custody columns from the worker's commit
+ * coordinates checked against the call's admission, or a failure row (`failure_reason`) for an
+ * unresolved parent or a worker that staged nothing.
+ */
+export function ledgerRow(
+  ticket: Ticket,
+  route: Route,
+  requestDigest: string,
+  stream: boolean,
+  answer: AnswerStart,
+  lineage: CallLineage,
+): JsonObject {
+  const num = (value: unknown): number | null => (typeof value === 'number' ? value : null);
+  const row: JsonObject = {
+    model_call_id: ticket.id,
+    capture_key: null,
+    parent_call_id: null,
+    prev_len: null,
+    delta_len: null,
+    cum_len: null,
+    weight_version: null,
+    digest: null,
+    extras_digest: null,
+    staging_key: null,
+    mode: null,
+    chain_hash: null,
+    cumulative_hash: null,
+    response_id: answer.responseId,
+    admitted_at: ticket.admittedAt,
+    started_at: Date.now() / 1000,
+    output_fingerprint: null,
+    continuation_fingerprint: null,
+    fingerprint_version: 0,
+    request_digest: requestDigest,
+    prompt_tokens: num(answer.usage?.prompt_tokens),
+    completion_tokens: num(answer.usage?.completion_tokens),
+    route,
+    stream,
+  };
+  const { columns, failureReason } = lineageColumns(lineage, answer.coords, answer.message);
+  if (failureReason !== null) row.failure_reason = failureReason;
+  return { ...row, ...columns };
+}
+
+function isObj(value: unknown): value is Obj {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function parseJson(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return undefined;
+  }
+}
+
+const SSE_HEADERS = {
+  'content-type': 'text/event-stream; charset=utf-8',
+  'cache-control': 'no-cache',
+};
+const JSON_HEADERS = { 'content-type': 'application/json; charset=utf-8' };
+
+/**
+ * One generation call's response writer. `start` is the only way to write the status line and
+ * headers, and it first waits for the gate to deliver the response and publishes the ledger row.
+ */
+class HeldResponse {
+  #started = false;
+
+  constructor(
+    private readonly res: Response,
+    private readonly deliver: (answer: AnswerStart | undefined) => Promise<void>,
+  ) {}
+
+  get started(): boolean {
+    return this.#started;
+  }
+
+  /** `answer` is set for a successful answer (it gets a ledger row), unset for an error reply. */
+  async start(
+    status: number,
+    headers: Record<string, string>,
+    answer?: AnswerStart,
+  ): Promise<void> {
+    await this.deliver(answer);
+    this.#started = true;
+    this.res.writeHead(status, headers);
+  }
+
+  write(chunk: string): void {
+    this.res.write(chunk);
+  }
+
+  end(chunk?: string): void {
+    this.res.end(chunk);
+  }
+}
+
+export function createProxyRouter(options: ProxyOptions): Router {
+  const router = express.Router();
+  const json = express.json({ limit: GENERATION_BODY_LIMIT });
+  const backend = new BackendClient();
+
+  router.get('/v1/models', async (req, res, next) => {
+    try {
+      const key = requestEpisode(req);
+      const upstream = await backend.request(
+        backendTarget(
+          options.backendUrl,
+          key && captureKey(key),
+          '/models',
+          options.forwardRolloutPrefix,
+        ),
+        { method: 'GET', headers: authHeaders(options), signal: requestSignal(req, res) },
+      );
+      res
+        .status(upstream.statusCode ?? 502)
+        .type('application/json')
+        .send(await readText(upstream));
+    } catch (err) {
+      next(backendError(err));
+    }
+  });
+
+  router.post('/v1/chat/completions', json, (req, res) =>
+    generation(options, backend, 'chat.completions', req, res),
+  );
+  router.post('/v1/responses', json, (req, res) =>
+    generation(options, backend, 'responses', req, res),
+  );
+  return router;
+}
+
+function authHeaders(options: ProxyOptions): Record<string, string> {
+  return options.backendApiKey ? { authorization: `Bearer ${options.backendApiKey}` } : {};
+}
+
+function backendError(err: unknown): CkptGymError {
+  if (err instanceof CkptGymError) return err;
+  return new InternalError(`the inference backend failed: ${(err as Error).message}`);
+}
+
+async function generation(
+  options: ProxyOptions,
+  backend: BackendClient,
+  route: Route,
+  req: Request,
+  res: Response,
+) {
+  const { gate, ledger, logger } = options;
+  const body: unknown = req.body;
+  let chatBody: Obj;
+  try {
+    if (!isObj(body)) throw new InvalidRequestError('the request body must be a JSON object');
+    chatBody = route === 'responses' ? responsesToChatRequest(body) : body;
+  } catch (err) {
+    sendError(res, toClientError(err));
+    return;
+  }
+  const episode = requestEpisode(req);
+  const clientSignal = requestSignal(req, res);
+  let ticket: Ticket;
+  try {
+    ticket = await gate.admit(episode, clientSignal);
+  } catch (err) {
+    if (!clientSignal.aborted) sendError(res, toClientError(err));
+    return;
+  }
+
+  const stream = chatBody.stream === true;
+  const requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
+  let lineage: CallLineage | undefined;
+  const held = new HeldResponse(res, async (answer) => {
+    await gate.deliver(ticket, clientSignal);
+    options.cuts?.delivered(ticket);
+    if (!answer || !ledger || !lineage || ticket.captureKey === undefined) return;
+    // Published before any byte of the answer, outside every signal: a retire or a checkpoint
+    // that arrives now waits for it (the ticket stays tracked, its response counts as started).
+    const row = ledgerRow(ticket, route, requestDigest, stream, answer, lineage);
+    try {
+      const outcome = await ledger.append(ticket.captureKey, row);
+      if (outcome === 'discarded') {
+        logger.warn('capture ledger row discarded: the attempt is retired', {
+          capture_key: ticket.captureKey,
+          model_call_id: ticket.id,
+          staging_key: row.staging_key,
+        });
+      }
+    } catch (err) {
+      logger.error('capture ledger write failed; the call is poisoned', {
+        capture_key: ticket.captureKey,
+        model_call_id: ticket.id,
+        error: (err as Error).message,
+      });
+      throw new PoisonedCallError(
+        `the capture ledger write for model call ${ticket.id} failed; no answer is sent`,
+      );
+    }
+  });
+
+  try {
+    await options.afterAdmit?.(ticket).catch((err: unknown) => {
+      throw new InternalError(`admitting the call failed: ${(err as Error).message}`);
+    });
+    let forwardBody = chatBody;
+    if (ledger && ticket.captureKey !== undefined) {
+      lineage = await dispatchLineage(options, ledger, ticket, chatBody);
+      if (lineage.admission) forwardBody = { ...chatBody, ng_capture: lineage.admission };
+    }
+    const signal = AbortSignal.any([clientSignal, ticket.signal]);
+    const upstream = await backend.request(
+      backendTarget(
+        options.backendUrl,
+        ticket.captureKey,
+        '/chat/completions',
+        options.forwardRolloutPrefix,
+      ),
+      {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...authHeaders(options) },
+        body: JSON.stringify(forwardBody),
+        signal,
+      },
+    );
+    const isSse = (upstream.headers['content-type'] ?? '').includes('text/event-stream');
+    if (!isOk(upstream) || !isSse) {
+      const text = await readText(upstream);
+      if (!isOk(upstream)) {
+        await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
+        held.end(text);
+        return;
+      }
+      const completion = parseJson(text);
+      if (!isObj(completion))
+        throw new InternalError('the inference backend answered with no JSON object');
+      const answer = {
+        responseId:
+          route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
+        usage: isObj(completion.usage) ? completion.usage : undefined,
+        coords: completion.ng_commit_coords,
+        message: firstChoiceMessage(completion),
+      };
+      await held.start(200, JSON_HEADERS, answer);
+      held.end(
+        route === 'responses' ? JSON.stringify(chatToResponse(body as Obj, completion)) : text,
+      );
+      return;
+    }
+    await relayStream(route, body as Obj, upstream, held);
+  } catch (err) {
+    if (held.started || res.headersSent) {
+      res.destroy();
+    } else if (ticket.signal.aborted) {
+      sendError(res, toClientError(ticket.signal.reason));
+    } else if (!clientSignal.aborted) {
+      sendError(res, backendError(err));
+    }
+  } finally {
+    options.cuts?.left(ticket);
+    gate.exit(ticket);
+  }
+}
+
+function firstChoiceMessage(completion: Obj): unknown {
+  const choices = completion.choices;
+  return Array.isArray(choices) && isObj(choices[0]) ? choices[0].message : undefined;
+}
+
+/**
+ * Resolves the call's parent before dispatch and builds its capture admission, with the
+ * continuation of a kept generation cut when the call re-issues the cut call's request.
+ */
+async function dispatchLineage(
+  options: ProxyOptions,
+  ledger: CaptureLedger,
+  ticket: Ticket,
+  chatBody: Obj,
+): Promise<CallLineage> {
+  const key = ticket.captureKey!;
+  const messages: unknown[] = Array.isArray(chatBody.messages) ? chatBody.messages : [];
+  const resolution = resolveParent(await ledger.exportRows(key), messages);
+  if (resolution.kind === 'unresolved') {
+    options.logger.warn('ledger lineage resolution failed; the call is not captured', {
+      capture_key: key,
+      model_call_id: ticket.id,
+      reason: resolution.reason,
+    });
+    return { admission: null, failureReason: resolution.reason, messages };
+  }
+  const admission = captureAdmission(key, ticket.id, resolution);
+  admission.generation_cut =
+    options.cuts?.register({
+      ticket,
+      requestDigest: conversationDigest(messages),
+      restartReason: cutRestartReason(chatBody),
+      captured: true,
+    }) ?? null;
+  return { admission, failureReason: null, messages };
+}
+
+/** Relays an SSE answer: chat chunks as they are, or converted into Responses events. */
+async function relayStream(
+  route: Route,
+  request: Obj,
+  upstream: IncomingMessage,
+  held: HeldResponse,
+): Promise<void> {
+  const reader = new SseReader();
+  const decoder = new TextDecoder();
+  const converter = route === 'responses' ? new ResponsesStream(request) : undefined;
+  let done = false;
+
+  const relay = async (event: SseEvent): Promise<void> => {
+    if (event.data === undefined) {
+      // Keep-alive comments start nothing; once started they may pass.
+      if (held.started) held.write(`${event.raw}\n\n`);
+      return;
+    }
+    if (event.data === '[DONE]') {
+      done = true;
+      if (!held.started) await held.start(200, SSE_HEADERS);
+      if (converter) writeEvents(held, converter.finish());
+      else held.write(`${event.raw}\n\n`);
+      return;
+    }
+    const chunk = parseJson(event.data);
+    if (!held.started) {
+      const first = isObj(chunk) ? chunk : {};
+      const id = String(first.id ?? '');
+      await held.start(200, SSE_HEADERS, {
+        responseId: converter ? `resp_${id}` : id,
+        usage: undefined,
+        coords: first.ng_commit_coords,
+        message: undefined,
+      });
+    }
+    if (converter) writeEvents(held, isObj(chunk) ? converter.chunk(chunk) : []);
+    else held.write(`${event.raw}\n\n`);
+  };
+
+  for await (const bytes of upstream) {
+    for (const event of reader.push(decoder.decode(bytes as Buffer, { stream: true }))) {
+      await relay(event);
+    }
+  }
+  for (const event of reader.push(decoder.decode())) await relay(event);
+  for (const event of reader.flush()) await relay(event);
+  if (!held.started) await held.start(200, SSE_HEADERS);
+  if (converter && !done) writeEvents(held, converter.finish());
+  held.end();
+}
+
+function writeEvents(held: HeldResponse, events: Obj[]): void {
+  for (const event of events)
+    held.write(`event: ${String(event.type)}\ndata: ${JSON.stringify(event)}\n\n`);
+}

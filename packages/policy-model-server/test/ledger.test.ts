@@ -1,0 +1,278 @@
+import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+import { afterEach, describe, expect, it } from '@jest/globals';
+
+import { CaptureLedger } from '../src/index.js';
+import {
+  chat,
+  cleanup,
+  control,
+  deadline,
+  fakeCalls,
+  fakeCtl,
+  post,
+  rawCall,
+  startFake,
+  startHarness,
+  tempDir,
+  TOKEN,
+  until,
+} from './support.js';
+
+afterEach(cleanup);
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+const row = (id: string, extra: object = {}) => ({ model_call_id: id, ...extra });
+
+async function ledgerAt(): Promise<CaptureLedger> {
+  return new CaptureLedger(await tempDir()).init();
+}
+
+async function files(ledger: CaptureLedger): Promise<string[]> {
+  return (await readdir(ledger.dir)).filter((f) => f !== '.locks').sort();
+}
+
+describe('CaptureLedger files', () => {
+  it('appends rows to <key>.lineage.jsonl and reads them back faithfully', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r-a1', row('c1', { logprob: -Infinity }));
+    await ledger.append('r-a1', row('c2'));
+    expect(await ledger.exportRows('r-a1')).toEqual([row('c1', { logprob: -Infinity }), row('c2')]);
+    expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl']);
+  });
+
+  it('retire fences, then deletes the ledger and started marker; a late row is discarded', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r', row('c1'));
+    await ledger.markStarted('r');
+    expect(await ledger.retire(['r', 'r', 's'])).toEqual({ removed: ['r'], absent: ['s'] });
+    expect(await files(ledger)).toEqual(['r.lineage.retired', 's.lineage.retired']);
+    expect(await ledger.append('r', row('late'))).toBe('discarded');
+    expect(await ledger.exportRows('r')).toEqual([]);
+    await expect(ledger.manifest('r')).rejects.toMatchObject({ name: 'LedgerRetiredError' });
+    expect(await ledger.markStarted('s')).toBe(false);
+  });
+
+  it('delete removes ledger, fence and started marker, so the key can be used again', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r', row('c1'));
+    await ledger.markStarted('r');
+    await ledger.retire(['s']);
+    expect(await ledger.delete(['r', 's'])).toEqual({ removed: ['r'], absent: ['s'] });
+    expect(await files(ledger)).toEqual([]);
+    expect(await ledger.append('s', row('c2'))).toBe('written');
+  });
+
+  it('refuses a batch with an invalid id as a whole', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r', row('c1'));
+    await expect(ledger.retire(['r', 'bad!id'])).rejects.toMatchObject({
+      code: 'invalid_rollout_id',
+    });
+    expect(await ledger.exportRows('r')).toHaveLength(1);
+  });
+
+  it('import replaces the target ledger and deletes what dead executions left for it and later attempts, look-alikes untouched', async () => {
+    const ledger = await ledgerAt();
+    const touch = (name: string) => writeFile(join(ledger.dir, name), 'x\n');
+    await ledger.append('r-a1', row('dead-1'));
+    await touch('r-a1.tokens.jsonl');
+    await touch('r-a2.lineage.retired');
+    await touch('r-a2.tokens.incomplete');
+    await touch('r-a3.lineage.started');
+    await ledger.append('r', row('kept-a0'));
+    for (const name of ['r1-a2.lineage.jsonl', 'r-a1x-a3.lineage.jsonl', 'rr-a1.lineage.retired'])
+      await touch(name);
+    await ledger.importMany(new Map([['r-a1', [row('c1', { capture_key: 'r' })]]]));
+    expect(await files(ledger)).toEqual([
+      'r-a1.lineage.jsonl',
+      'r-a1x-a3.lineage.jsonl',
+      'r.lineage.jsonl',
+      'r1-a2.lineage.jsonl',
+      'rr-a1.lineage.retired',
+    ]);
+    expect(await ledger.exportRows('r-a1')).toEqual([row('c1', { capture_key: 'r' })]);
+    // Restoring the same checkpoint again after the replacement appended rows yields only the checkpointed rows.
+    await ledger.append('r-a1', row('replacement'));
+    await ledger.importMany(new Map([['r-a1', [row('c1', { capture_key: 'r' })]]]));
+    expect(await ledger.exportRows('r-a1')).toEqual([row('c1', { capture_key: 'r' })]);
+  });
+
+  it('marks a restored attempt started exclusively, and deleteUnstarted keeps a started ledger', async () => {
+    const ledger = await ledgerAt();
+    await ledger.importMany(
+      new Map([
+        ['r-a1', [row('c1')]],
+        ['s-a1', [row('c2')]],
+      ]),
+    );
+    expect(await ledger.markStarted('r-a1')).toBe(true);
+    expect(await ledger.markStarted('r-a1')).toBe(true);
+    expect(await ledger.deleteUnstarted('r-a1')).toBe(false);
+    expect(await ledger.deleteUnstarted('s-a1')).toBe(true);
+    expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r-a1.lineage.started']);
+  });
+
+  it('the started marker is removed by a ledger retire, a ledger delete and a restore that clears the attempt', async () => {
+    const ledger = await ledgerAt();
+    for (const key of ['a-a1', 'b-a1', 'c-a1']) {
+      await ledger.append(key, row(key));
+      await ledger.markStarted(key);
+    }
+    await ledger.retire(['a-a1']);
+    await ledger.delete(['b-a1']);
+    await ledger.importMany(new Map([['c-a1', []]]));
+    expect((await files(ledger)).filter((f) => f.endsWith('.started'))).toEqual([]);
+  });
+
+  it('serialises appends of one rollout from many callers (one lock per rollout)', async () => {
+    const ledger = await ledgerAt();
+    await Promise.all(Array.from({ length: 40 }, (_, i) => ledger.append('r', row(`c${i}`))));
+    const ids = (await ledger.exportRows('r')).map((r) => r.model_call_id);
+    expect(new Set(ids).size).toBe(40);
+    expect(await readdir(join(ledger.dir, '.locks'))).toEqual([]);
+  });
+});
+
+describe('ledger rows of model calls', () => {
+  it('a row is published at the first answer chunk, not at headers or keep-alives', async () => {
+    const fake = await startFake(10);
+    const h = await startHarness({ fake });
+    await fakeCtl(h.fake, 'hold', { after_calls: 0 });
+    const call = rawCall(h.url, '/ng-rollout/r/v1/chat/completions', {
+      model: 'fake-model',
+      stream: true,
+      messages: [{ role: 'user', content: 'q' }],
+    });
+    await until(async () => (await fakeCalls(h.fake)).length === 1, 'the backend to see the call');
+    await sleep(50); // the backend sent its headers and keep-alives by now
+    expect(await h.server.ledger!.exportRows('r')).toEqual([]);
+    await fakeCtl(h.fake, 'release');
+    await call.finished;
+    const rows = await h.server.ledger!.exportRows('r');
+    expect(rows).toEqual([
+      expect.objectContaining({
+        response_id: 'chatcmpl-0',
+        capture_key: null,
+        parent_call_id: null,
+        route: 'chat.completions',
+        stream: true,
+        request_digest: expect.stringMatching(/^[0-9a-f]{64}$/),
+      }),
+    ]);
+    expect(typeof rows[0]!.model_call_id).toBe('string');
+  });
+
+  it('a non-streamed row carries the token counts and the response id', async () => {
+    const h = await startHarness();
+    const reply = await post(`${h.url}/ng-rollout/r/v1/responses`, {
+      model: 'fake-model',
+      input: 'q',
+    });
+    expect(reply.status).toBe(200);
+    const [only] = await h.server.ledger!.exportRows('r');
+    expect(only).toMatchObject({
+      response_id: (reply.body as { id: string }).id,
+      route: 'responses',
+      stream: false,
+      prompt_tokens: expect.any(Number),
+      completion_tokens: expect.any(Number),
+    });
+  });
+
+  it('a call that leaves before its response starts has no row and is not poisoned', async () => {
+    const h = await startHarness();
+    await fakeCtl(h.fake, 'hold', { after_calls: 0 });
+    const call = rawCall(h.url, '/ng-rollout/r/v1/chat/completions', {
+      model: 'fake-model',
+      messages: [{ role: 'user', content: 'q' }],
+    });
+    await until(async () => (await fakeCalls(h.fake)).length === 1, 'the backend to see the call');
+    call.abort();
+    await until(() => h.server.gate.inflight === 0, 'the call to leave');
+    await fakeCtl(h.fake, 'release');
+    expect(await h.server.ledger!.exportRows('r')).toEqual([]);
+    expect((await chat(h.url, 'r')).status).toBe(200);
+    expect(await h.server.ledger!.exportRows('r')).toHaveLength(1);
+  });
+
+  it('a failed ledger write poisons the call and sends no answer', async () => {
+    const h = await startHarness();
+    await mkdir(join(h.captureDir, 'r.lineage.jsonl'));
+    const reply = await chat(h.url, 'r');
+    expect(reply.status).toBe(500);
+    expect(reply.body).toMatchObject({ error: { code: 'internal_error' } });
+    expect(JSON.stringify(reply.body)).not.toContain('choices');
+  });
+
+  it('untagged calls are admitted and never attributed', async () => {
+    const h = await startHarness();
+    expect((await chat(h.url, undefined)).status).toBe(200);
+    expect((await readdir(h.captureDir)).filter((f) => f !== '.locks')).toEqual([]);
+  });
+});
+
+describe('capture-ledger control routes', () => {
+  const auth = { authorization: `Bearer ${TOKEN}` };
+  const routes = (url: string) => `${url}/training-token-capture/control/rollouts`;
+
+  it('serve the manifest, 410 once retired, 400 for an invalid id, 401 without the bearer', async () => {
+    const h = await startHarness();
+    await chat(h.url, 'r');
+    const manifest = await fetch(`${routes(h.url)}/r/manifest`, { headers: auth });
+    expect(manifest.status).toBe(200);
+    expect(await manifest.json()).toMatchObject({
+      rollout_id: 'r',
+      records: [{ route: 'chat.completions' }],
+      failures: [],
+    });
+    expect((await fetch(`${routes(h.url)}/r/manifest`)).status).toBe(401);
+    expect((await fetch(`${routes(h.url)}/bad!id/manifest`, { headers: auth })).status).toBe(400);
+    const retired = await post(`${routes(h.url)}/retire`, { rollout_ids: ['r'] }, auth);
+    expect(retired.body).toEqual({ removed: ['r'], absent: [] });
+    const gone = await fetch(`${routes(h.url)}/r/manifest`, { headers: auth });
+    expect(gone.status).toBe(410);
+    expect(await gone.json()).toMatchObject({
+      error: { detail: expect.stringContaining('is retired') },
+    });
+  });
+
+  it('ledger retire and delete return 409 while a checkpoint is open and succeed after resume', async () => {
+    const h = await startHarness();
+    await chat(h.url, 'r');
+    await control(h.url, 'prepare', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    for (const op of ['retire', 'delete']) {
+      const refused = await post(`${routes(h.url)}/${op}`, { rollout_ids: ['r'] }, auth);
+      expect(refused.status).toBe(409);
+      expect(refused.headers.get('x-should-retry')).toBe('false');
+    }
+    expect(await h.server.ledger!.exportRows('r')).toHaveLength(1);
+    await control(h.url, 'resume', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    expect((await post(`${routes(h.url)}/delete`, { rollout_ids: ['r'] }, auth)).body).toEqual({
+      removed: ['r'],
+      absent: [],
+    });
+  });
+
+  it('refuses a malformed removal body with 422 invalid_request', async () => {
+    const h = await startHarness();
+    for (const body of [
+      {},
+      { rollout_ids: [] },
+      { rollout_ids: ['r'], extra: 1 },
+      { rollout_ids: 'r' },
+    ]) {
+      const reply = await post(`${routes(h.url)}/retire`, body, auth);
+      expect(reply.status).toBe(422);
+    }
+  });
+});
+
+it('a row written by a server is read back as JSON lines', async () => {
+  const ledger = await ledgerAt();
+  await ledger.append('r', row('c1'));
+  expect(await readFile(join(ledger.dir, 'r.lineage.jsonl'), 'utf8')).toBe(
+    '{"model_call_id":"c1"}\n',
+  );
+});

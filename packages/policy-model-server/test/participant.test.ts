@@ -1,0 +1,333 @@
+import { existsSync } from 'node:fs';
+import { readdir, readFile, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+import { afterEach, describe, expect, it } from '@jest/globals';
+
+import {
+  CaptureLedger,
+  type ModelRecord,
+  PolicyGate,
+  PolicyParticipant,
+  stampRows,
+} from '../src/index.js';
+import {
+  chat,
+  cleanup,
+  control,
+  deadline,
+  episodes,
+  fakeCalls,
+  fakeCtl,
+  type Harness,
+  startFake,
+  startHarness,
+  tempDir,
+  until,
+} from './support.js';
+
+afterEach(cleanup);
+
+/** prepare → commit (scope) → resume; returns the commit reply. */
+async function checkpoint(h: Harness, id: string, dir: string, scope: string[]) {
+  const prepared = await control(h.url, 'prepare', { checkpoint_id: id, deadline_ts: deadline() });
+  expect(prepared.body).toMatchObject({ phase: 'prepared' });
+  const committed = await control(h.url, 'commit', {
+    checkpoint_id: id,
+    deadline_ts: deadline(),
+    checkpoint_dir: dir,
+    episode_ids: episodes(...scope),
+  });
+  await control(h.url, 'resume', { checkpoint_id: id, deadline_ts: deadline() });
+  return committed;
+}
+
+async function records(dir: string): Promise<Record<string, unknown>[]> {
+  const participantDir = join(dir, 'gym', 'model', 'policy');
+  const file = (await readdir(participantDir)).find((f) => f.startsWith('records'));
+  const text = await readFile(join(participantDir, file!), 'utf8');
+  return text
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line) as Record<string, unknown>);
+}
+
+function restore(h: Harness, id: string, dir: string, scope: string[]) {
+  return control(h.url, 'restore', {
+    checkpoint_id: id,
+    deadline_ts: deadline(),
+    checkpoint_dir: dir,
+    episode_ids: episodes(...scope),
+  });
+}
+
+const ls = async (dir: string) => (await readdir(dir)).filter((f) => f !== '.locks').sort();
+
+describe('commit', () => {
+  it('a commit without episode_ids is refused', async () => {
+    const h = await startHarness();
+    await control(h.url, 'prepare', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    const reply = await control(h.url, 'commit', {
+      checkpoint_id: 'c1',
+      deadline_ts: deadline(),
+      checkpoint_dir: await tempDir(),
+    });
+    expect(reply.status).toBe(409);
+    expect(reply.body).toMatchObject({ error: { detail: expect.stringContaining('episode_ids') } });
+  });
+
+  it('exports each in-scope episode’s ledger rows, leaving out undelivered calls, and replies staging keys', async () => {
+    const h = await startHarness();
+    expect((await chat(h.url, 'r')).status).toBe(200);
+    expect((await chat(h.url, 'out-of-scope')).status).toBe(200);
+    await fakeCtl(h.fake, 'hold', { after_calls: 2 });
+    const held = chat(h.url, 's');
+    await until(async () => (await fakeCalls(h.fake)).length === 3, 'the held call');
+    const dir = await tempDir();
+    const committed = await checkpoint(h, 'c1', dir, ['r', 's', 't']);
+    expect(committed.body).toMatchObject({
+      phase: 'committed',
+      episode_ids: ['r'],
+      // The worker staged r's call under `<capture key>/<model call id>`.
+      staging_keys: [expect.stringMatching(/^r\/[0-9a-f]{32}$/)],
+      staging_keys_by_episode: { r: [expect.stringMatching(/^r\/[0-9a-f]{32}$/)] },
+    });
+    const [record] = await records(dir);
+    expect(record).toMatchObject({
+      episode_id: { rollout_id: 'r', attempt: 0 },
+      rows: [{ route: 'chat.completions' }],
+      generation_cuts: [],
+    });
+    await fakeCtl(h.fake, 'release');
+    expect((await held).status).toBe(200);
+  });
+
+  it('commit replies list staging keys, flat and per episode', () => {
+    const participant = new PolicyParticipant('policy', new PolicyGate(), undefined);
+    const rec = (key: string, rows: object[], cuts: object[] = []): ModelRecord => ({
+      episode_id: { rollout_id: key, attempt: 0 },
+      rows: rows as ModelRecord['rows'],
+      generation_cuts: cuts as ModelRecord['generation_cuts'],
+    });
+    expect(
+      participant.commitReplyExtra([
+        rec('r', [{ staging_key: 'r/c1' }, { failure_reason: 'x' }]),
+        rec('s', [], [{ continuation: { staging_keys: ['__generation_cut__/c2'] } }]),
+      ]),
+    ).toEqual({
+      staging_keys: ['__generation_cut__/c2', 'r/c1'],
+      staging_keys_by_episode: { r: ['r/c1'], s: ['__generation_cut__/c2'] },
+    });
+  });
+});
+
+describe('restore', () => {
+  it('a model server that has served any call refuses to restore', async () => {
+    const h = await startHarness();
+    await chat(h.url, undefined);
+    const reply = await restore(h, 'c1', await tempDir(), ['r']);
+    expect(reply.status).toBe(409);
+    expect(reply.body).toMatchObject({
+      error: { detail: expect.stringContaining('served calls') },
+    });
+  });
+
+  it('imports rows under the next attempt, stamped with the key that staged them, and retires attempts 0..N', async () => {
+    const fake = await startFake();
+    const captureDir = await tempDir();
+    const first = await startHarness({ fake, captureDir });
+    await chat(first.url, 'r-a1');
+    const dir = await tempDir();
+    await checkpoint(first, 'c1', dir, ['r-a1']);
+    await first.close();
+
+    const second = await startHarness({ fake, captureDir });
+    const restored = await restore(second, 'c2', dir, ['r-a1']);
+    expect(restored.body).toMatchObject({ phase: 'restored', restored: ['r-a2'] });
+    const rows = await second.server.ledger!.exportRows('r-a2');
+    expect(rows).toEqual([
+      expect.objectContaining({ capture_key: 'r-a1', route: 'chat.completions' }),
+    ]);
+    expect(await ls(captureDir)).toEqual([
+      'r-a1.lineage.retired',
+      'r-a2.lineage.jsonl',
+      'r.lineage.retired',
+    ]);
+  });
+
+  it('a chain of restores keeps each row’s original stamp', () => {
+    const rows = stampRows(
+      [{ model_call_id: 'a', capture_key: 'r' }, { model_call_id: 'b' }, { failure_reason: 'x' }],
+      'r-a1',
+    );
+    expect(rows).toEqual([
+      { model_call_id: 'a', capture_key: 'r' },
+      { model_call_id: 'b', capture_key: 'r-a1' },
+      { failure_reason: 'x' },
+    ]);
+  });
+
+  it('restoring again clears a dead execution of an in-scope episode without a model record', async () => {
+    const fake = await startFake();
+    const captureDir = await tempDir();
+    const first = await startHarness({ fake, captureDir });
+    const dir = await tempDir();
+    await checkpoint(first, 'c1', dir, ['q']);
+    await first.close();
+    for (const name of [
+      'q-a1.lineage.jsonl',
+      'q-a2.lineage.retired',
+      'q-a1.tokens.jsonl',
+      'q1-a1.lineage.jsonl',
+    ]) {
+      await writeFile(join(captureDir, name), '{"model_call_id":"dead"}\n');
+    }
+    const second = await startHarness({ fake, captureDir });
+    expect((await restore(second, 'c2', dir, ['q'])).status).toBe(200);
+    expect(await ls(captureDir)).toEqual(['q.lineage.retired', 'q1-a1.lineage.jsonl']);
+  });
+
+  it('the first admitted call of a restored attempt creates its started marker; a commit leaving it out keeps its ledger, and deletes an unstarted one without a fence', async () => {
+    const fake = await startFake();
+    const captureDir = await tempDir();
+    const first = await startHarness({ fake, captureDir });
+    await chat(first.url, 'r');
+    await chat(first.url, 's');
+    const dir = await tempDir();
+    await checkpoint(first, 'c1', dir, ['r', 's']);
+    await first.close();
+
+    const second = await startHarness({ fake, captureDir });
+    await restore(second, 'c2', dir, ['r', 's']);
+    expect(second.server.participant!.restoredPending().map((e) => e.rollout_id)).toEqual([
+      'r',
+      's',
+    ]);
+    await control(second.url, 'resume', { checkpoint_id: 'c2', deadline_ts: deadline() });
+    expect((await chat(second.url, 'r-a1')).status).toBe(200);
+    expect(existsSync(join(captureDir, 'r-a1.lineage.started'))).toBe(true);
+    expect(second.server.participant!.restoredPending().map((e) => e.rollout_id)).toEqual(['s']);
+
+    const committed = await checkpoint(second, 'c3', await tempDir(), []);
+    expect(committed.status).toBe(200);
+    expect(await second.server.ledger!.exportRows('r-a1')).toHaveLength(2);
+    expect(await ls(captureDir)).toEqual([
+      'r-a1.lineage.jsonl',
+      'r-a1.lineage.started',
+      'r.lineage.retired',
+      's.lineage.retired',
+    ]);
+    expect(second.server.participant!.restoredPending()).toEqual([]);
+  });
+
+  it('a failed delete of a restored ledger keeps the attempt pending, and the next attempt deletes it', async () => {
+    class FlakyLedger extends CaptureLedger {
+      failures = 1;
+      override async deleteUnstarted(key: string): Promise<boolean> {
+        if (this.failures-- > 0) throw new Error('disk says no');
+        return super.deleteUnstarted(key);
+      }
+    }
+    const ledger = await new FlakyLedger(await tempDir()).init();
+    const participant = new PolicyParticipant('policy', new PolicyGate(), ledger);
+    await participant.install(
+      [
+        {
+          episode_id: { rollout_id: 'r', attempt: 0 },
+          rows: [{ model_call_id: 'c1' }],
+          generation_cuts: [],
+        },
+      ],
+      episodes('r'),
+    );
+    await expect(participant.deleteRestored({ rollout_id: 'r', attempt: 1 })).rejects.toThrow(
+      'disk says no',
+    );
+    expect(participant.restoredPending()).toEqual([{ rollout_id: 'r', attempt: 1 }]);
+    await participant.deleteRestored({ rollout_id: 'r', attempt: 1 });
+    expect(participant.restoredPending()).toEqual([]);
+    expect(await ls(ledger.dir)).toEqual(['r.lineage.retired']);
+  });
+});
+
+describe('retire', () => {
+  it('a retire stops a running generation before it replies, and retires the ledgers of attempts 0 to N but not N+1', async () => {
+    const h = await startHarness();
+    await chat(h.url, 'r');
+    await chat(h.url, 'r-a2');
+    await fakeCtl(h.fake, 'hold', { after_calls: 2 });
+    const running = chat(h.url, 'r-a1');
+    await until(async () => (await fakeCalls(h.fake)).length === 3, 'the running call');
+    const retired = await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r-a1'),
+    });
+    expect(retired.status).toBe(200);
+    expect(h.server.gate.inflight).toBe(0);
+    expect((await running).status).toBe(409);
+    expect(await ls(h.captureDir)).toEqual([
+      'r-a1.lineage.retired',
+      'r-a2.lineage.jsonl',
+      'r.lineage.retired',
+    ]);
+  });
+
+  it('a call waiting at closed admission is refused stale_attempt at once when its attempt is retired, and stays refused after forget and resume', async () => {
+    const fake = await startFake();
+    const captureDir = await tempDir();
+    const first = await startHarness({ fake, captureDir });
+    const dir = await tempDir();
+    await checkpoint(first, 'c1', dir, []);
+    const second = await startHarness({ fake, captureDir });
+    await restore(second, 'c2', dir, ['r']);
+    const waiting = chat(second.url, 'r-a1');
+    const survivor = chat(second.url, 'r-a3');
+    await until(() => second.server.gate.waitingCount === 2, 'the calls to wait');
+    const retired = await control(second.url, 'retire', {
+      checkpoint_id: 'c2',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r-a2'),
+    });
+    expect(retired.status).toBe(200);
+    const refused = await waiting;
+    expect(refused.status).toBe(409);
+    expect(refused.body).toMatchObject({ error: { code: 'stale_attempt' } });
+    await control(second.url, 'forget', {
+      checkpoint_id: 'c2',
+      deadline_ts: deadline(),
+      rollout_ids: ['r'],
+    });
+    await control(second.url, 'resume', { checkpoint_id: 'c2', deadline_ts: deadline() });
+    expect((await survivor).status).toBe(200);
+    expect((await fakeCalls(fake)).map((c) => c.capture_key)).toEqual(['r-a3']);
+  });
+
+  it('the same with a retire cut short by its deadline: the waiting call is still refused after forget and resume', async () => {
+    const fake = await startFake();
+    const captureDir = await tempDir();
+    const first = await startHarness({ fake, captureDir });
+    const dir = await tempDir();
+    await checkpoint(first, 'c1', dir, []);
+    const second = await startHarness({ fake, captureDir });
+    await restore(second, 'c2', dir, ['r']);
+    const waiting = chat(second.url, 'r-a1');
+    await until(() => second.server.gate.waitingCount === 1, 'the call to wait');
+    const retired = await control(second.url, 'retire', {
+      checkpoint_id: 'c2',
+      deadline_ts: Date.now() / 1000 - 1,
+      episode_ids: episodes('r-a1'),
+    });
+    expect(retired.status).toBe(409);
+    await control(second.url, 'forget', {
+      checkpoint_id: 'c2',
+      deadline_ts: deadline(),
+      rollout_ids: ['r'],
+    });
+    await control(second.url, 'resume', { checkpoint_id: 'c2', deadline_ts: deadline() });
+    const refused = await waiting;
+    expect(refused.body).toMatchObject({ error: { code: 'stale_attempt' } });
+    expect(second.server.gate.waitingCount).toBe(0);
+    expect(await fakeCalls(fake)).toEqual([]);
+  });
+});

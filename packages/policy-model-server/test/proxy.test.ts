@@ -1,0 +1,165 @@
+import { afterEach, describe, expect, it } from '@jest/globals';
+import OpenAI from 'openai';
+
+import {
+  CHAT_BODY,
+  chat,
+  cleanup,
+  control,
+  deadline,
+  episodes,
+  fakeCalls,
+  startHarness,
+} from './support.js';
+
+afterEach(cleanup);
+
+function client(url: string, key?: string): OpenAI {
+  const prefix = key === undefined ? '' : `/ng-rollout/${key}`;
+  return new OpenAI({ baseURL: `${url}${prefix}/v1`, apiKey: 'unused', maxRetries: 0 });
+}
+
+describe('the proxy with the official openai client', () => {
+  it('answers chat completions, plain and streamed, through the backend', async () => {
+    const h = await startHarness({ checkpoint: false });
+    const openai = client(h.url, 'r');
+    const reply = await openai.chat.completions.create({
+      model: 'fake-model',
+      messages: [{ role: 'user', content: 'weather?' }],
+    });
+    expect(reply.choices[0]?.message.tool_calls?.[0]).toMatchObject({
+      type: 'function',
+      function: { name: 'get_weather' },
+    });
+    const stream = await openai.chat.completions.create({
+      model: 'fake-model',
+      stream: true,
+      messages: [{ role: 'user', content: 'weather?' }],
+    });
+    let args = '';
+    for await (const chunk of stream) {
+      args += chunk.choices[0]?.delta.tool_calls?.[0]?.function?.arguments ?? '';
+    }
+    expect(JSON.parse(args)).toEqual({ city: 'SF' });
+  });
+
+  it('passes the rollout prefix on to the backend, and untagged calls stay untagged', async () => {
+    const h = await startHarness({ checkpoint: false });
+    await client(h.url, 'r-a2').chat.completions.create(CHAT_BODY as never);
+    await client(h.url).chat.completions.create(CHAT_BODY as never);
+    const calls = await fakeCalls(h.fake);
+    expect(calls.map((c) => c.capture_key)).toEqual(['r-a2', null]);
+  });
+
+  it('runs a Responses tool turn: function_call out, function_call_output back in, text out', async () => {
+    const h = await startHarness({ checkpoint: false });
+    const openai = client(h.url, 'r');
+    const tools = [
+      {
+        type: 'function' as const,
+        name: 'get_weather',
+        parameters: { type: 'object', properties: { city: { type: 'string' } } },
+        strict: false,
+      },
+    ];
+    const first = await openai.responses.create({ model: 'fake-model', input: 'weather?', tools });
+    const call = first.output.find((item) => item.type === 'function_call');
+    expect(call).toMatchObject({ name: 'get_weather', arguments: '{"city":"SF"}' });
+    if (call?.type !== 'function_call') throw new Error('no function call');
+    const second = await openai.responses.create({
+      model: 'fake-model',
+      tools,
+      input: [
+        { role: 'user', content: 'weather?' },
+        {
+          type: 'function_call',
+          call_id: call.call_id,
+          name: call.name,
+          arguments: call.arguments,
+        },
+        { type: 'function_call_output', call_id: call.call_id, output: '{"temp": 20}' },
+      ],
+    });
+    expect(second.output_text).toBe('The weather in SF is sunny.');
+    expect(second.status).toBe('completed');
+    expect(second.usage?.output_tokens).toBeGreaterThan(0);
+  });
+
+  it('streams a Responses answer as Responses events', async () => {
+    const h = await startHarness({ checkpoint: false });
+    const openai = client(h.url, 'r');
+    const stream = await openai.responses.create({
+      model: 'fake-model',
+      stream: true,
+      input: [
+        { role: 'user', content: 'weather?' },
+        { type: 'function_call', call_id: 'c1', name: 'get_weather', arguments: '{}' },
+        { type: 'function_call_output', call_id: 'c1', output: 'sunny' },
+      ],
+    });
+    const types: string[] = [];
+    let text = '';
+    let completed: unknown;
+    for await (const event of stream) {
+      types.push(event.type);
+      if (event.type === 'response.output_text.delta') text += event.delta;
+      if (event.type === 'response.completed') completed = event.response;
+    }
+    expect(types[0]).toBe('response.created');
+    expect(types.at(-1)).toBe('response.completed');
+    expect(text).toBe('The weather in SF is sunny.');
+    expect(completed).toMatchObject({ status: 'completed', output: [{ type: 'message' }] });
+  });
+
+  it('serves GET /v1/models from the backend and GET /health itself', async () => {
+    const h = await startHarness({ checkpoint: false });
+    const models = await client(h.url).models.list();
+    expect(models.data.map((m) => m.id)).toEqual(['fake-model']);
+    const health = await (await fetch(`${h.url}/health`)).json();
+    expect(health).toMatchObject({ status: 'ok', kind: 'model' });
+  });
+});
+
+describe('identity prefixes', () => {
+  it('a malformed identity prefix is 400 invalid_rollout_id and never reaches the backend', async () => {
+    const h = await startHarness();
+    for (const key of ['bad!id', '-a1']) {
+      const reply = await chat(h.url, key);
+      expect(reply.status).toBe(400);
+      expect(reply.body).toMatchObject({ error: { code: 'invalid_rollout_id' } });
+    }
+    expect(await fakeCalls(h.fake)).toEqual([]);
+  });
+
+  it('a stale identity prefix is 409 stale_attempt with x-should-retry: false and never reaches the backend', async () => {
+    const h = await startHarness();
+    const retired = await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r-a1'),
+    });
+    expect(retired.status).toBe(200);
+    for (const key of ['r', 'r-a1']) {
+      const reply = await chat(h.url, key);
+      expect(reply.status).toBe(409);
+      expect(reply.body).toMatchObject({ error: { code: 'stale_attempt' } });
+      expect(reply.headers.get('x-should-retry')).toBe('false');
+    }
+    expect((await chat(h.url, 'r-a2')).status).toBe(200);
+    expect((await fakeCalls(h.fake)).map((c) => c.capture_key)).toEqual(['r-a2']);
+  });
+
+  it('the openai client does not retry a stale_attempt refusal', async () => {
+    const h = await startHarness();
+    await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r'),
+    });
+    const openai = new OpenAI({ baseURL: `${h.url}/ng-rollout/r/v1`, apiKey: 'x', maxRetries: 3 });
+    await expect(openai.chat.completions.create(CHAT_BODY as never)).rejects.toMatchObject({
+      status: 409,
+    });
+    expect(await fakeCalls(h.fake)).toEqual([]);
+  });
+});

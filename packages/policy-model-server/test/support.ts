@@ -1,0 +1,212 @@
+/** Test harness: a fake backend, a policy model server in front of it, control calls over HTTP. */
+import { mkdtemp, rm } from 'node:fs/promises';
+import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import {
+  type ListeningServer,
+  type Logger,
+  listen,
+  parseStackFile,
+  serverSettings,
+} from '@ckpt-gym/core';
+import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
+
+import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js';
+
+export const TOKEN = 'tok';
+
+export interface StackOptions {
+  checkpoint?: boolean;
+  policy?: boolean;
+  capture?: boolean;
+  /** Shared capture directory (default: a fresh temporary one). */
+  captureDir?: string;
+  backendUrl?: string;
+  extra?: string;
+}
+
+export function stackYaml(backendUrl: string, dir: string, opts: StackOptions = {}): string {
+  return [
+    `checkpoint: { enabled: ${opts.checkpoint ?? true}, control_auth_token: ${TOKEN} }`,
+    `token_capture: { enabled: ${opts.capture ?? true}, dir: ${JSON.stringify(dir)} }`,
+    'servers:',
+    `  policy: { kind: model, app: policy, port: 0, backend_url: ${JSON.stringify(backendUrl)}, ` +
+      `checkpoint_policy: ${opts.policy ?? true}${opts.extra ?? ''} }`,
+  ].join('\n');
+}
+
+export interface Harness {
+  fake: RunningFakeInference;
+  server: PolicyModelServer;
+  listening: ListeningServer;
+  url: string;
+  captureDir: string;
+  close(): Promise<void>;
+}
+
+const cleanups: (() => Promise<void>)[] = [];
+
+/** Runs every registered cleanup (call in afterEach). */
+export async function cleanup(): Promise<void> {
+  while (cleanups.length > 0) await cleanups.pop()!();
+}
+
+export async function tempDir(): Promise<string> {
+  const dir = await mkdtemp(join(tmpdir(), 'policy-model-'));
+  cleanups.push(() => rm(dir, { recursive: true, force: true }));
+  return dir;
+}
+
+export async function startFake(keepAliveMs = 0): Promise<RunningFakeInference> {
+  const fake = await startFakeInference({ port: 0, keepAliveMs });
+  cleanups.push(async () => {
+    fake.server.closeAllConnections();
+    await fake.close();
+  });
+  return fake;
+}
+
+/** A policy model server on port 0 in front of `fake` (or a fresh fake backend). */
+export async function startHarness(
+  opts: StackOptions & { fake?: RunningFakeInference } = {},
+): Promise<Harness> {
+  const fake = opts.fake ?? (await startFake());
+  const captureDir = opts.captureDir ?? (await tempDir());
+  const stack = parseStackFile(stackYaml(opts.backendUrl ?? `${fake.url}/v1`, captureDir, opts));
+  const server = await createPolicyModelServer(serverSettings(stack, 'policy'), stack, {
+    logger: silentLogger(),
+  });
+  const listening = await listen(server.app, 0);
+  const close = async () => {
+    listening.server.closeAllConnections();
+    await listening.close();
+  };
+  cleanups.push(close);
+  return { fake, server, listening, url: listening.url, captureDir, close };
+}
+
+/** A logger that keeps quiet (tests assert on behaviour, not on logs). */
+export function silentLogger(): Logger {
+  const logger: Logger = {
+    error: () => undefined,
+    warn: () => undefined,
+    info: () => undefined,
+    debug: () => undefined,
+    child: () => logger,
+  };
+  return logger;
+}
+
+export interface Reply {
+  status: number;
+  headers: Headers;
+  body: unknown;
+}
+
+export async function post(
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<Reply> {
+  const res = await fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers },
+    body: JSON.stringify(body),
+  });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    // an event stream or plain text stays text
+  }
+  return { status: res.status, headers: res.headers, body: parsed };
+}
+
+export const CHAT_BODY = { model: 'fake-model', messages: [{ role: 'user', content: 'weather?' }] };
+
+/** A chat call through the proxy for `key` (undefined = untagged). */
+export function chat(
+  url: string,
+  key: string | undefined,
+  body: object = CHAT_BODY,
+): Promise<Reply> {
+  const prefix = key === undefined ? '' : `/ng-rollout/${key}`;
+  return post(`${url}${prefix}/v1/chat/completions`, body);
+}
+
+/** A checkpoint control call. */
+export function control(url: string, route: string, body: object): Promise<Reply> {
+  return post(`${url}/ng-control/v1/checkpoint/${route}`, body, {
+    authorization: `Bearer ${TOKEN}`,
+  });
+}
+
+export const deadline = (seconds = 30): number => Date.now() / 1000 + seconds;
+
+export function episodes(...keys: string[]): { rollout_id: string; attempt: number }[] {
+  return keys.map((key) => {
+    const m = /^(.*)-a([1-9][0-9]*)$/.exec(key);
+    return m ? { rollout_id: m[1]!, attempt: Number(m[2]) } : { rollout_id: key, attempt: 0 };
+  });
+}
+
+/** Polls `check` until it holds (no timing assertion: the test's own timeout bounds it). */
+export async function until(
+  check: () => boolean | Promise<boolean>,
+  what = 'condition',
+): Promise<void> {
+  for (let i = 0; ; i++) {
+    if (await check()) return;
+    if (i > 2000) throw new Error(`gave up waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+export async function fakeCalls(fake: RunningFakeInference): Promise<Record<string, unknown>[]> {
+  const res = await fetch(`${fake.url}/_ctl/calls`);
+  return ((await res.json()) as { calls: Record<string, unknown>[] }).calls;
+}
+
+export async function fakeCtl(
+  fake: RunningFakeInference,
+  route: string,
+  body: object = {},
+): Promise<unknown> {
+  return (await post(`${fake.url}/_ctl/${route}`, body)).body;
+}
+
+/**
+ * A raw HTTP call that records when the response head arrives, so a test can tell that nothing
+ * (not even the status line) was written.
+ */
+export function rawCall(url: string, path: string, body: object) {
+  const state: { head: IncomingMessage | undefined; text: string; done: boolean } = {
+    head: undefined,
+    text: '',
+    done: false,
+  };
+  const target = new URL(path, url);
+  const req = httpRequest(target, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+  });
+  const finished = new Promise<void>((resolve, reject) => {
+    req.on('response', (res) => {
+      state.head = res;
+      res.setEncoding('utf8');
+      res.on('data', (chunk: string) => (state.text += chunk));
+      res.on('end', () => {
+        state.done = true;
+        resolve();
+      });
+      res.on('error', reject);
+    });
+    req.on('error', reject);
+  });
+  finished.catch(() => undefined);
+  req.end(JSON.stringify(body));
+  return { state, finished, abort: () => req.destroy() };
+}
