@@ -38,6 +38,7 @@ export const ERROR_CATALOGUE = {
   invalid_rollout_id: { status: 400, meaning: 'the rollout id or capture key is malformed' },
   unauthorized: { status: 401, meaning: 'missing or invalid control bearer token' },
   not_found: { status: 404, meaning: 'no such route or resource' },
+  rollout_retired: { status: 410, meaning: "the rollout attempt's capture ledger was retired" },
   invalid_checkpoint_state: {
     status: 422,
     meaning: 'checkpoint storage is missing, corrupt, or cannot be written',
@@ -98,6 +99,7 @@ export class RolloutIdRequiredError extends errorClass('rollout_id_required') {}
 export class InvalidRolloutIdError extends errorClass('invalid_rollout_id') {}
 export class UnauthorizedError extends errorClass('unauthorized') {}
 export class NotFoundError extends errorClass('not_found') {}
+export class RolloutRetiredError extends errorClass('rollout_retired') {}
 export class CheckpointStateError extends errorClass('invalid_checkpoint_state') {}
 export class InvalidRequestError extends errorClass('invalid_request') {}
 export class PayloadTooLargeError extends errorClass('payload_too_large') {}

@@ -22,7 +22,7 @@ import express, { type Express, type Router } from 'express';
 
 import { GenerationCuts, generationCutUrl } from './cuts.js';
 import { PolicyGate } from './gate.js';
-import { CaptureLedger, LedgerRetiredError } from './ledger.js';
+import { CaptureLedger } from './ledger.js';
 import { type ModelRecord, PolicyParticipant } from './participant.js';
 import { createProxyRouter } from './proxy.js';
 
@@ -218,11 +218,7 @@ function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: st
     try {
       res.json(await ledger.manifest(String(req.params.id)));
     } catch (err) {
-      if (err instanceof LedgerRetiredError) {
-        res.status(410).json({ error: { code: 'rollout_retired', detail: err.message } });
-      } else {
-        sendError(res, toClientError(err));
-      }
+      sendError(res, toClientError(err));
     }
   });
   const removal =

@@ -18,6 +18,7 @@ import {
   fsyncDirectory,
   type JsonObject,
   parseCaptureKey,
+  RolloutRetiredError,
 } from '@ckpt-gym/core';
 import lockfile from 'proper-lockfile';
 
@@ -39,11 +40,10 @@ export interface RolloutRemoval {
   absent: string[];
 }
 
-/** A manifest read of a retired key (the control route answers it 410). */
-export class LedgerRetiredError extends Error {
+/** A manifest read of a retired key: 410 `rollout_retired`. */
+export class LedgerRetiredError extends RolloutRetiredError {
   constructor(readonly key: string) {
     super(`capture ledger ${key} is retired`);
-    this.name = 'LedgerRetiredError';
   }
 }
 

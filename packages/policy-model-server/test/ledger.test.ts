@@ -234,7 +234,7 @@ describe('capture-ledger control routes', () => {
     const gone = await fetch(`${routes(h.url)}/r/manifest`, { headers: auth });
     expect(gone.status).toBe(410);
     expect(await gone.json()).toMatchObject({
-      error: { detail: expect.stringContaining('is retired') },
+      error: { code: 'rollout_retired', detail: expect.stringContaining('is retired') },
     });
   });
 
