@@ -1,0 +1,549 @@
+/**
+ * Command-line parsing, pure: argv in, a typed invocation (or help text, or a usage error) out.
+ * The command table below is the one place a command is declared; stack commands (`serve`, `up`,
+ * `down`, `crash`, `run`, `demo`) slot in as further entries with their own options.
+ */
+import { parseArgs, type ParseArgsConfig } from 'node:util';
+
+import {
+  CHECKPOINT_ID_MAX_LENGTH,
+  CHECKPOINT_ID_PATTERN,
+  type EpisodeId,
+  parseCaptureKey,
+  ROLLOUT_ID_PATTERN,
+} from '@ckpt-gym/core';
+
+export const PROGRAM = 'ckpt-gym';
+export const DEFAULT_CONFIG_FILE = 'ckpt-gym.yaml';
+export const DEFAULT_DEADLINE_SECONDS = 30;
+/** Where `up` writes its run file and logs, and where `down` and `crash` read them. */
+export const DEFAULT_RUN_DIR = '.ckpt-gym/run';
+export const DEFAULT_GRACE_SECONDS = 10;
+export const DEFAULT_CONCURRENCY = 16;
+export const DEFAULT_DEMO_ROLLOUTS = 32;
+
+/** Options a command may take, besides the global `--config`, `--json` and `--help`. */
+export type OptionName =
+  | 'id'
+  | 'dir'
+  | 'deadline'
+  | 'episodes'
+  | 'rollouts'
+  | 'stop'
+  | 'server'
+  | 'detach'
+  | 'run-dir'
+  | 'grace'
+  | 'all'
+  | 'input'
+  | 'output'
+  | 'concurrency'
+  | 'checkpoint-dir'
+  | 'resume';
+
+interface OptionSpec {
+  readonly type: 'string' | 'boolean';
+  readonly value?: string;
+  readonly help: string;
+}
+
+const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
+  id: { type: 'string', value: 'ID', help: 'checkpoint id (see each command for its default)' },
+  dir: {
+    type: 'string',
+    value: 'DIR',
+    help: 'checkpoint directory (relative to the working directory)',
+  },
+  deadline: {
+    type: 'string',
+    value: 'SECONDS',
+    help: `seconds from now the participants get for the work (default ${DEFAULT_DEADLINE_SECONDS})`,
+  },
+  episodes: {
+    type: 'string',
+    value: 'KEYS',
+    help: 'comma-separated capture keys: r for attempt 0, r-aN for attempt N',
+  },
+  rollouts: {
+    type: 'string',
+    value: 'IDS|N',
+    help: `comma-separated rollout ids (demo: how many rollouts, default ${DEFAULT_DEMO_ROLLOUTS})`,
+  },
+  stop: {
+    type: 'boolean',
+    help: 'commit with stop: free exported state outside the processes; the stack stays closed',
+  },
+  server: { type: 'string', value: 'NAME', help: 'the server of the stack file to run' },
+  detach: { type: 'boolean', help: 'start the stack and exit, leaving it running' },
+  'run-dir': {
+    type: 'string',
+    value: 'DIR',
+    help: `run file, resolved stack file and logs (default ./${DEFAULT_RUN_DIR})`,
+  },
+  grace: {
+    type: 'string',
+    value: 'SECONDS',
+    help: `time from SIGTERM to SIGKILL (default ${DEFAULT_GRACE_SECONDS})`,
+  },
+  all: { type: 'boolean', help: 'the inference backend too' },
+  input: { type: 'string', value: 'FILE', help: 'tasks, one JSON object a line' },
+  output: { type: 'string', value: 'FILE', help: 'results, one JSON object a line (appended)' },
+  concurrency: {
+    type: 'string',
+    value: 'N',
+    help: `episodes in flight at once (default ${DEFAULT_CONCURRENCY})`,
+  },
+  'checkpoint-dir': {
+    type: 'string',
+    value: 'DIR',
+    help: 'where checkpoints go, one directory each (default <output>.checkpoints)',
+  },
+  resume: {
+    type: 'boolean',
+    help: 'after a crash: restore the latest checkpoint and finish the collection',
+  },
+};
+
+const GLOBAL_HELP: readonly [string, string][] = [
+  [
+    '--config FILE',
+    `stack file (default ./${DEFAULT_CONFIG_FILE}, else the bundled local example)`,
+  ],
+  ['--json', 'print one JSON document on stdout instead of human-readable output'],
+  ['--help, -h', 'show help'],
+];
+
+export interface CommandSpec {
+  readonly summary: string;
+  readonly options: readonly OptionName[];
+  /** Options the command cannot run without; an inner array means "one of these". */
+  readonly required: readonly (OptionName | readonly OptionName[])[];
+  /** What the help says beyond the option list. */
+  readonly details: string;
+}
+
+const TIMING: readonly OptionName[] = ['id', 'deadline'];
+
+export const COMMANDS = {
+  status: {
+    summary: 'every participant: kind, phase, checkpoint id, lease, retired rollouts, readiness',
+    options: ['deadline'],
+    required: [],
+    details: 'Asks every gym server of the stack (inference backends excepted) for its status.',
+  },
+  discover: {
+    summary: 'find the participants and their kinds',
+    options: ['deadline'],
+    required: [],
+    details: 'Fails when a server is down, never replies, or no policy model takes part.',
+  },
+  prepare: {
+    summary: 'close admission and wait until every participant is at a boundary',
+    options: TIMING,
+    required: [],
+    details:
+      'Stages: environment, model, agent, resources; stops at the first stage not prepared.\n' +
+      '--id defaults to a new ckpt-<UTC time> id. Exit 3 when the deadline passed first:\n' +
+      'admission stays closed until you resume.',
+  },
+  commit: {
+    summary: 'write every participant’s records for the continued episodes into --dir',
+    options: [...TIMING, 'dir', 'episodes', 'stop'],
+    required: ['dir'],
+    details:
+      '--id defaults to the checkpoint open on the participants. Without --episodes the scope is\n' +
+      'every episode the environment servers hold (live and unclaimed restored), minus restarts.\n' +
+      'Then publishes <dir>/controller.json, which restore reads.',
+  },
+  restore: {
+    summary: 'install a checkpoint into fresh processes, all or nothing',
+    options: [...TIMING, 'dir', 'episodes'],
+    required: ['dir'],
+    details:
+      '--id defaults to a new restore-<UTC time> id; --episodes defaults to the scope in\n' +
+      '<dir>/controller.json. On failure the replacement attempts are retired and all resume.',
+  },
+  resume: {
+    summary: 'reopen admission, in reverse prepare order',
+    options: TIMING,
+    required: [],
+    details: '--id defaults to the checkpoint open on the participants (none open: nothing to do).',
+  },
+  retire: {
+    summary: 'stop attempts everywhere and refuse them until forget (callers first)',
+    options: [...TIMING, 'episodes'],
+    required: ['episodes'],
+    details: '--id defaults to the open (restored) checkpoint, else a new retire-<UTC time> id.',
+  },
+  forget: {
+    summary: 'end the retired marks of rollouts done for good',
+    options: [...TIMING, 'rollouts', 'episodes'],
+    required: [['rollouts', 'episodes']],
+    details: '--episodes names the rollouts of those keys. --id defaults as for retire.',
+  },
+  renew: {
+    summary: 'extend every participant’s lease on the open checkpoint',
+    options: TIMING,
+    required: [],
+    details: '--id defaults to the checkpoint open on the participants.',
+  },
+  checkpoint: {
+    summary: 'prepare, commit every episode in flight, resume; with times per stage',
+    options: [...TIMING, 'dir', 'episodes', 'stop'],
+    required: ['dir'],
+    details:
+      'Each stage gets --deadline seconds from its start. Not prepared in time: prints the\n' +
+      'blockers, resumes, exits 3. With --stop it does not resume: stop the stack now (the\n' +
+      'participants reopen on their own when the lease expires).',
+  },
+  serve: {
+    summary: 'run one server of the stack file in the foreground (SIGTERM drains and exits)',
+    options: ['server'],
+    required: ['server'],
+    details:
+      'What `up` and the containers run. Prints one JSON line {"event":"listening",…} on stdout.',
+  },
+  up: {
+    summary: 'start every server, each its own process group, in dependency order',
+    options: ['detach', 'run-dir'],
+    required: [],
+    details:
+      'Order: inference, resources, model, agent, environment; waits for each health route.\n' +
+      'Servers with port 0 get a free port; every process runs from <run-dir>/stack.yaml (use\n' +
+      'it as --config of the other commands). Without --detach, Ctrl-C stops everything.',
+  },
+  down: {
+    summary: 'stop the servers `up` started: SIGTERM, then SIGKILL after --grace',
+    options: ['run-dir', 'grace'],
+    required: [],
+    details: 'Reads <run-dir>/run.json; removes it once every process is gone.',
+  },
+  crash: {
+    summary: 'SIGKILL every gym process group (the inference backend survives unless --all)',
+    options: ['run-dir', 'all'],
+    required: [],
+    details: 'Reads <run-dir>/run.json. Start fresh processes with `up` again.',
+  },
+  run: {
+    summary: 'collect rollouts: dispatch tasks to the environment server, write the results',
+    options: ['input', 'output', 'concurrency', 'checkpoint-dir', 'resume', 'deadline'],
+    required: ['input', 'output'],
+    details:
+      'SIGUSR1 takes a checkpoint and goes on; SIGTERM takes a checkpoint with stop and exits\n' +
+      '75. --resume restores the latest checkpoint, continues its episodes as their next\n' +
+      'attempt, retires and re-sends the others, and skips those with a result in --output.',
+  },
+  demo: {
+    summary: 'crash and restore a local stack with rollouts in flight; every rollout finishes once',
+    options: ['rollouts', 'run-dir'],
+    required: [],
+    details:
+      'Starts fake inference, a policy model, weather and counter resources, a Simple Agent\n' +
+      'and a single_agent_turn environment for each, in a temporary directory (or --run-dir),\n' +
+      'dispatches the rollouts (half weather, half counter), checkpoints them mid-flight,\n' +
+      'SIGKILLs every gym process, restores into fresh ones and finishes. Exit 0 only if\n' +
+      'every rollout finished once with reward 1 and no delivered\n' +
+      'model call was repeated.',
+  },
+} as const satisfies Record<string, CommandSpec>;
+
+export type CommandName = keyof typeof COMMANDS;
+
+export function isCommandName(name: string): name is CommandName {
+  return Object.hasOwn(COMMANDS, name);
+}
+
+/** A parsed command line, ready to run. */
+export interface Invocation {
+  readonly command: CommandName;
+  /** As given; undefined means the default lookup. */
+  readonly config: string | undefined;
+  readonly json: boolean;
+  readonly id: string | undefined;
+  readonly dir: string | undefined;
+  readonly deadlineSeconds: number;
+  readonly episodes: readonly EpisodeId[] | undefined;
+  readonly rollouts: readonly string[] | undefined;
+  readonly stop: boolean;
+  readonly server: string | undefined;
+  readonly detach: boolean;
+  /** As given; undefined means the default. */
+  readonly runDir: string | undefined;
+  readonly graceSeconds: number;
+  readonly all: boolean;
+  readonly input: string | undefined;
+  readonly output: string | undefined;
+  readonly concurrency: number;
+  readonly checkpointDir: string | undefined;
+  readonly resume: boolean;
+  /** `demo --rollouts N`. */
+  readonly rolloutCount: number;
+}
+
+export type ParseOutcome =
+  | { readonly kind: 'invoke'; readonly invocation: Invocation }
+  | { readonly kind: 'help'; readonly text: string }
+  | {
+      readonly kind: 'usage-error';
+      readonly message: string;
+      readonly usage: string;
+      /** Whether `--json` appeared, so the error can also be a JSON document. */
+      readonly json: boolean;
+    };
+
+/** Thrown inside parsing only; becomes a usage-error outcome. */
+class UsageError extends Error {}
+
+const PARSE_OPTIONS: NonNullable<ParseArgsConfig['options']> = {
+  config: { type: 'string', short: 'c' },
+  json: { type: 'boolean' },
+  help: { type: 'boolean', short: 'h' },
+  ...Object.fromEntries(
+    Object.entries(OPTIONS).map(([name, spec]) => [name, { type: spec.type }] as const),
+  ),
+};
+
+type ParsedValues = Record<string, string | boolean | undefined>;
+
+export function parseCommandLine(argv: readonly string[]): ParseOutcome {
+  const json = argv.includes('--json');
+  let values: ParsedValues;
+  let positionals: string[];
+  try {
+    ({ values, positionals } = parseArgs({
+      args: [...argv],
+      options: PARSE_OPTIONS,
+      strict: true,
+      allowPositionals: true,
+    }) as { values: ParsedValues; positionals: string[] });
+  } catch (err) {
+    // Positionals are unknown when parsing failed; the first command name seen picks the usage.
+    return usageError(parseErrorMessage(err), argv.find(isCommandName), json);
+  }
+
+  const [name, ...extra] = positionals;
+  if (name === undefined) {
+    return values.help
+      ? { kind: 'help', text: programHelp() }
+      : usageError('no command given', undefined, json);
+  }
+  if (name === 'help') {
+    const topic = extra[0];
+    if (topic !== undefined && isCommandName(topic))
+      return { kind: 'help', text: commandHelp(topic) };
+    return { kind: 'help', text: programHelp() };
+  }
+  if (!isCommandName(name)) return usageError(`unknown command '${name}'`, undefined, json);
+  if (values.help) return { kind: 'help', text: commandHelp(name) };
+  try {
+    if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`);
+    return { kind: 'invoke', invocation: buildInvocation(name, values) };
+  } catch (err) {
+    if (err instanceof UsageError) return usageError(err.message, name, json);
+    throw err;
+  }
+}
+
+function usageError(
+  message: string,
+  command: CommandName | undefined,
+  json: boolean,
+): ParseOutcome {
+  return {
+    kind: 'usage-error',
+    message,
+    usage: command === undefined ? programHelp() : commandHelp(command),
+    json,
+  };
+}
+
+/** node's parseArgs messages, minus its advice about `--` that does not fit this CLI. */
+function parseErrorMessage(err: unknown): string {
+  // Not `instanceof Error`: node's own errors may come from another realm (a test's vm context).
+  const raw = (err as { message?: unknown } | null)?.message;
+  const message = typeof raw === 'string' ? raw : String(err);
+  return message.split('. To specify a positional argument')[0] ?? message;
+}
+
+function buildInvocation(command: CommandName, values: ParsedValues): Invocation {
+  const spec: CommandSpec = COMMANDS[command];
+  for (const name of Object.keys(OPTIONS) as OptionName[]) {
+    if (values[name] !== undefined && !spec.options.includes(name)) {
+      throw new UsageError(`${command} takes no --${name}`);
+    }
+  }
+  for (const need of spec.required) {
+    const oneOf: readonly OptionName[] = typeof need === 'string' ? [need] : need;
+    if (oneOf.every((name) => values[name] === undefined)) {
+      throw new UsageError(`${command} needs ${oneOf.map((name) => `--${name}`).join(' or ')}`);
+    }
+  }
+  const text = (name: string): string | undefined => {
+    const value = values[name];
+    if (typeof value === 'string' && value.trim() === '')
+      throw new UsageError(`--${name} is empty`);
+    return typeof value === 'string' ? value : undefined;
+  };
+  const id = text('id');
+  const deadline = text('deadline');
+  const episodes = text('episodes');
+  const rollouts = text('rollouts');
+  const grace = text('grace');
+  const concurrency = text('concurrency');
+  const demo = command === 'demo';
+  return {
+    command,
+    config: text('config'),
+    json: values.json === true,
+    id: id === undefined ? undefined : parseCheckpointId(id),
+    dir: text('dir'),
+    deadlineSeconds: deadline === undefined ? DEFAULT_DEADLINE_SECONDS : parseDeadline(deadline),
+    episodes: episodes === undefined ? undefined : parseEpisodes(episodes),
+    rollouts: rollouts === undefined || demo ? undefined : parseRollouts(rollouts),
+    stop: values.stop === true,
+    server: text('server'),
+    detach: values.detach === true,
+    runDir: text('run-dir'),
+    graceSeconds: grace === undefined ? DEFAULT_GRACE_SECONDS : parseSeconds('grace', grace, true),
+    all: values.all === true,
+    input: text('input'),
+    output: text('output'),
+    concurrency:
+      concurrency === undefined ? DEFAULT_CONCURRENCY : parseCount('concurrency', concurrency),
+    checkpointDir: text('checkpoint-dir'),
+    resume: values.resume === true,
+    rolloutCount:
+      demo && rollouts !== undefined ? parseCount('rollouts', rollouts) : DEFAULT_DEMO_ROLLOUTS,
+  };
+}
+
+export function parseCheckpointId(id: string): string {
+  if (!CHECKPOINT_ID_PATTERN.test(id) || id.length > CHECKPOINT_ID_MAX_LENGTH) {
+    throw new UsageError(
+      `--id ${JSON.stringify(id)} must match ${CHECKPOINT_ID_PATTERN.source} ` +
+        `(at most ${CHECKPOINT_ID_MAX_LENGTH} characters)`,
+    );
+  }
+  return id;
+}
+
+/** Relative seconds: a positive, finite number. */
+export function parseDeadline(text: string): number {
+  return parseSeconds('deadline', text);
+}
+
+/** Seconds: finite and positive (or zero, when `zeroOk`). */
+function parseSeconds(name: string, text: string, zeroOk = false): number {
+  const seconds = Number(text);
+  if (!Number.isFinite(seconds) || seconds < 0 || (seconds === 0 && !zeroOk)) {
+    throw new UsageError(
+      `--${name} must be a ${zeroOk ? 'non-negative' : 'positive'} number of seconds, ` +
+        `got ${JSON.stringify(text)}`,
+    );
+  }
+  return seconds;
+}
+
+/** A whole number from 1 to 100000. */
+export function parseCount(name: string, text: string): number {
+  const n = Number(text);
+  if (!/^\d+$/.test(text.trim()) || n < 1 || n > 100_000) {
+    throw new UsageError(
+      `--${name} must be a whole number from 1 to 100000, got ${JSON.stringify(text)}`,
+    );
+  }
+  return n;
+}
+
+function splitList(text: string): string[] {
+  return text
+    .split(',')
+    .map((item) => item.trim())
+    .filter((item) => item !== '');
+}
+
+/** Capture keys, each once, in the order given. */
+export function parseEpisodes(text: string): EpisodeId[] {
+  const keys = [...new Set(splitList(text))];
+  if (keys.length === 0) throw new UsageError('--episodes names no capture key');
+  return keys.map((key) => {
+    try {
+      return parseCaptureKey(key);
+    } catch (err) {
+      throw new UsageError(
+        `--episodes: bad capture key ${JSON.stringify(key)}: ${(err as Error).message}`,
+      );
+    }
+  });
+}
+
+/** Rollout ids, each once, in the order given. */
+export function parseRollouts(text: string): string[] {
+  const ids = [...new Set(splitList(text))];
+  if (ids.length === 0) throw new UsageError('--rollouts names no rollout id');
+  for (const id of ids) {
+    if (!ROLLOUT_ID_PATTERN.test(id)) {
+      throw new UsageError(
+        `--rollouts: bad rollout id ${JSON.stringify(id)}: must match ${ROLLOUT_ID_PATTERN.source}`,
+      );
+    }
+  }
+  return ids;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Help.
+
+function columns(rows: readonly [string, string][], indent = '  '): string {
+  const width = Math.max(...rows.map(([left]) => left.length));
+  return rows.map(([left, right]) => `${indent}${left.padEnd(width)}  ${right}`).join('\n');
+}
+
+export function programHelp(): string {
+  const commands = Object.entries(COMMANDS).map(
+    ([name, spec]) => [name, spec.summary] as [string, string],
+  );
+  return [
+    `usage: ${PROGRAM} <command> [options]`,
+    '',
+    'Runs a ckpt-gym stack, drives its checkpoints, collects rollouts.',
+    '',
+    'commands:',
+    columns(commands),
+    '',
+    'global options:',
+    columns(GLOBAL_HELP),
+    '',
+    `Run '${PROGRAM} <command> --help' for a command's options.`,
+    'Exit codes: 0 success, 1 failure, 2 usage error, 3 prepare missed its deadline,',
+    '75 a collection stopped after a checkpoint.',
+  ].join('\n');
+}
+
+function optionLabel(name: OptionName): string {
+  const spec = OPTIONS[name];
+  return spec.value === undefined ? `--${name}` : `--${name} ${spec.value}`;
+}
+
+export function commandHelp(command: CommandName): string {
+  const spec: CommandSpec = COMMANDS[command];
+  const required = new Set(
+    spec.required.filter((need): need is OptionName => typeof need === 'string'),
+  );
+  const synopsis = spec.options.map((name) =>
+    required.has(name) ? optionLabel(name) : `[${optionLabel(name)}]`,
+  );
+  const options = spec.options.map(
+    (name) => [optionLabel(name), OPTIONS[name].help] as [string, string],
+  );
+  return [
+    `usage: ${PROGRAM} ${command} ${synopsis.join(' ')}`.trimEnd(),
+    '',
+    `${spec.summary}.`,
+    spec.details,
+    '',
+    ...(options.length > 0 ? ['options:', columns(options), ''] : []),
+    'global options:',
+    columns(GLOBAL_HELP),
+  ].join('\n');
+}

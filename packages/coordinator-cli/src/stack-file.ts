@@ -1,0 +1,49 @@
+/**
+ * Loading a stack file, and writing the resolved copy `up` starts every process from: the same
+ * file with a fixed port for every server that had port 0 (other servers reach it by name, so its
+ * port must be known before anything starts), and the original file's path under
+ * `x-ckpt-gym-source`, so relative paths in it keep resolving against the original directory.
+ */
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+
+import { ConfigError, type Env, parseStackFile, type StackSettings } from '@ckpt-gym/core';
+import { parseDocument } from 'yaml';
+
+/** The key (ignored by core, like every `x-` key) that names the file a resolved copy came from. */
+export const SOURCE_KEY = 'x-ckpt-gym-source';
+
+function readStackText(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch (err) {
+    throw new ConfigError(`${path}: cannot read the stack file: ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+}
+
+/** The source a resolved copy names, or undefined for an ordinary stack file. */
+export function sourceOf(text: string): string | undefined {
+  const doc = parseDocument(text);
+  const source: unknown = doc.errors.length === 0 ? doc.get(SOURCE_KEY) : undefined;
+  return typeof source === 'string' && source !== '' ? source : undefined;
+}
+
+/** Like core's `loadStackFile`, but a resolved copy resolves relative paths like its source. */
+export function loadStack(path: string, env: Env = process.env): StackSettings {
+  const text = readStackText(path);
+  const source = sourceOf(text);
+  const settings = parseStackFile(text, { env, source: source ?? path });
+  // Messages name the file actually read.
+  return source === undefined ? settings : { ...settings, source: path };
+}
+
+/** The resolved copy's text: `ports` replace the servers' ports; the source is recorded. */
+export function resolvedStackText(sourcePath: string, ports: ReadonlyMap<string, number>): string {
+  const text = readStackText(sourcePath);
+  const doc = parseDocument(text);
+  for (const [name, port] of ports) doc.setIn(['servers', name, 'port'], port);
+  doc.set(SOURCE_KEY, sourceOf(text) ?? resolve(sourcePath));
+  return doc.toString();
+}

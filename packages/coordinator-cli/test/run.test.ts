@@ -1,0 +1,178 @@
+/**
+ * `run` as a user runs it (the built bin, so signals can reach it) against a real local stack:
+ * SIGTERM checkpoints with stop and exits 75; after a crash, `--resume` restores the checkpoint,
+ * continues the rollouts in flight as their next attempt and writes each result exactly once.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import {
+  CLI_MAIN,
+  demoStackText,
+  ExitCode,
+  freePort,
+  launchStack,
+  type StackHandle,
+  weatherTask,
+} from '../src/index.js';
+import { latestCheckpoint } from '../src/commands/run.js';
+import { ensureBuilt } from './support/build.js';
+import { until } from './support/cli.js';
+
+let dir = '';
+let stack: StackHandle | undefined;
+const children: ChildProcess[] = [];
+
+beforeAll(() => ensureBuilt(), 300_000);
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'ckpt-gym-run-'));
+});
+
+afterEach(async () => {
+  for (const child of children.splice(0)) if (child.exitCode === null) child.kill('SIGKILL');
+  await stack?.crash({ all: true });
+  stack = undefined;
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function runCli(args: string[]): { child: ChildProcess; exit: Promise<number | null> } {
+  const child = spawn(
+    process.execPath,
+    [CLI_MAIN, 'run', '--input', 'tasks.jsonl', '--output', 'results.jsonl', ...args],
+    { cwd: dir, stdio: ['ignore', 'pipe', 'pipe'] },
+  );
+  children.push(child);
+  let output = '';
+  child.stdout?.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  child.stderr?.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  const exit = new Promise<number | null>((done) =>
+    child.once('exit', (code) => {
+      if (code !== 0 && code !== ExitCode.COLLECTION_STOPPED) process.stderr.write(output);
+      done(code);
+    }),
+  );
+  return { child, exit };
+}
+
+function results(): { rollout_id: string; attempt: number; result: { reward: number } }[] {
+  const path = join(dir, 'results.jsonl');
+  if (!existsSync(path)) return [];
+  return readFileSync(path, 'utf8')
+    .split('\n')
+    .filter((line) => line !== '')
+    .map((line) => JSON.parse(line) as ReturnType<typeof results>[number]);
+}
+
+async function backend(path: string, body?: unknown): Promise<unknown> {
+  const url = stack!.servers.get('inference')!.url;
+  const reply = await fetch(`${url}${path}`, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { 'content-type': 'application/json' },
+    ...(body === undefined ? {} : { body: JSON.stringify(body) }),
+  });
+  return reply.json();
+}
+
+test('SIGTERM checkpoints with stop and exits 75; --resume after a crash writes every result exactly once', async () => {
+  writeFileSync(join(dir, 'stack.yaml'), demoStackText(await freePort('127.0.0.1'), 'run-token'));
+  stack = await launchStack({ configPath: join(dir, 'stack.yaml'), runDir: join(dir, 'run') });
+  writeFileSync(
+    join(dir, 'tasks.jsonl'),
+    [1, 2, 3, 4].map((i) => JSON.stringify(weatherTask(i))).join('\n') + '\n',
+  );
+  const config = ['--config', join(dir, 'run', 'stack.yaml'), '--concurrency', '4'];
+
+  await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+  const first = runCli(config);
+  const held = async () =>
+    (
+      (await backend('/_ctl/calls')) as {
+        calls: { held: boolean; returned: boolean; dropped: boolean }[];
+      }
+    ).calls.filter((c) => c.held && !c.returned && !c.dropped).length;
+  await until('four rollouts at their second model call', async () => (await held()) === 4);
+  await backend('/_ctl/step', { calls: 1 });
+  await until('one result', () => results().length === 1);
+  first.child.kill('SIGTERM');
+  expect(await first.exit).toBe(ExitCode.COLLECTION_STOPPED);
+  expect(results()).toHaveLength(1);
+
+  await stack.crash();
+  await stack.restart();
+  await backend('/_ctl/release', {});
+  const second = runCli([...config, '--resume']);
+  expect(await second.exit).toBe(ExitCode.OK);
+
+  const rows = results();
+  expect(rows.map((r) => r.rollout_id).sort()).toEqual(['r1', 'r2', 'r3', 'r4']);
+  expect(rows.every((r) => r.result.reward === 1)).toBe(true);
+  // The one finished before the checkpoint ran once; the others continued as attempt 1.
+  expect(rows.map((r) => r.attempt).sort()).toEqual([0, 1, 1, 1]);
+}, 180_000);
+
+test('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
+  writeFileSync(join(dir, 'stack.yaml'), demoStackText(await freePort('127.0.0.1'), 'run-token'));
+  stack = await launchStack({ configPath: join(dir, 'stack.yaml'), runDir: join(dir, 'run') });
+  writeFileSync(
+    join(dir, 'tasks.jsonl'),
+    [1, 2].map((i) => JSON.stringify(weatherTask(i))).join('\n') + '\n',
+  );
+  await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+  const collection = runCli(['--config', join(dir, 'run', 'stack.yaml')]);
+  await until('two rollouts at their second model call', async () => {
+    const { calls } = (await backend('/_ctl/calls')) as {
+      calls: { held: boolean; returned: boolean }[];
+    };
+    return calls.filter((c) => c.held && !c.returned).length === 2;
+  });
+  collection.child.kill('SIGUSR1');
+  const checkpoints = join(dir, 'results.jsonl.checkpoints');
+  await until('a published checkpoint', () => latestCheckpoint(checkpoints) !== undefined);
+  expect(latestCheckpoint(checkpoints)!.record.episode_ids).toEqual(['r1', 'r2']);
+  await backend('/_ctl/release', {});
+  expect(await collection.exit).toBe(ExitCode.OK);
+  expect(results().map((r) => [r.rollout_id, r.attempt, r.result.reward])).toEqual(
+    expect.arrayContaining([
+      ['r1', 0, 1],
+      ['r2', 0, 1],
+    ]),
+  );
+  expect(results()).toHaveLength(2);
+}, 180_000);
+
+test('--resume without a checkpoint retires each rollout at its journaled attempt and starts it over', async () => {
+  writeFileSync(join(dir, 'stack.yaml'), demoStackText(await freePort('127.0.0.1'), 'run-token'));
+  stack = await launchStack({ configPath: join(dir, 'stack.yaml'), runDir: join(dir, 'run') });
+  writeFileSync(
+    join(dir, 'tasks.jsonl'),
+    [1, 2].map((i) => JSON.stringify(weatherTask(i))).join('\n') + '\n',
+  );
+  const config = ['--config', join(dir, 'run', 'stack.yaml')];
+  await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+  const first = runCli(config);
+  await until('two rollouts at their second model call', async () => {
+    const { calls } = (await backend('/_ctl/calls')) as {
+      calls: { held: boolean; returned: boolean }[];
+    };
+    return calls.filter((c) => c.held && !c.returned).length === 2;
+  });
+  // The controller dies too: no checkpoint, only the attempt journal.
+  first.child.kill('SIGKILL');
+  await first.exit;
+  await stack.crash();
+  await stack.restart();
+  await backend('/_ctl/release', {});
+
+  const second = runCli([...config, '--resume']);
+  expect(await second.exit).toBe(ExitCode.OK);
+  expect(results().map((r) => [r.rollout_id, r.attempt, r.result.reward])).toEqual(
+    expect.arrayContaining([
+      ['r1', 1, 1],
+      ['r2', 1, 1],
+    ]),
+  );
+  expect(results()).toHaveLength(2);
+}, 180_000);

@@ -1,0 +1,39 @@
+/** runCli in-process with captured output. */
+import { runCli } from '../../src/index.js';
+
+export interface CliRun {
+  code: number;
+  stdout: string;
+  stderr: string;
+  /** stdout parsed, for `--json` runs. */
+  json(): Record<string, unknown>;
+}
+
+export async function cli(argv: string[], cwd: string): Promise<CliRun> {
+  let stdout = '';
+  let stderr = '';
+  const code = await runCli(argv, {
+    stdout: { write: (chunk: string) => (stdout += chunk) },
+    stderr: { write: (chunk: string) => (stderr += chunk) },
+    env: process.env,
+    cwd,
+  });
+  return { code, stdout, stderr, json: () => JSON.parse(stdout) as Record<string, unknown> };
+}
+
+export function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+export async function until(what: string, check: () => Promise<boolean> | boolean): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((done) => setTimeout(done, 50));
+  }
+}
