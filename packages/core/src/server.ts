@@ -11,6 +11,7 @@ import express, { type Express } from 'express';
 import { ControlPlane, type ControlPlaneOptions, installControlPlane } from './control/index.js';
 import { ConfigError } from './errors.js';
 import { errorMiddleware, notFoundMiddleware } from './express.js';
+import { KEEP_ALIVE_IDLE_MS } from './http-client.js';
 import { rolloutPrefixMiddleware } from './identity.js';
 import { createLogger, type Logger } from './logging.js';
 import type { Participant } from './participant.js';
@@ -83,10 +84,25 @@ export interface ListeningServer {
   close(): Promise<void>;
 }
 
+/**
+ * How long a server keeps an idle keep-alive connection: longer than the clients' idle timeout
+ * (KEEP_ALIVE_IDLE_MS), so it is always the client that closes an idle socket. With node's 5 s
+ * default a request sent on a socket the server is just closing fails with ECONNRESET, and
+ * non-idempotent gym calls are never retried.
+ */
+export const SERVER_KEEP_ALIVE_MS = KEEP_ALIVE_IDLE_MS + 50_000;
+
+/** Applies SERVER_KEEP_ALIVE_MS (and a headers timeout just above it) to a listening server. */
+export function keepIdleConnections(server: Server): void {
+  server.keepAliveTimeout = SERVER_KEEP_ALIVE_MS;
+  server.headersTimeout = SERVER_KEEP_ALIVE_MS + 1_000;
+}
+
 /** Listens on `host:port` (0 picks a free port) and resolves with the bound address. */
 export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<ListeningServer> {
   return new Promise((resolve, reject) => {
     const server = app.listen(port, host);
+    keepIdleConnections(server);
     server.once('error', reject);
     server.once('listening', () => {
       server.off('error', reject);

@@ -15,6 +15,7 @@ import {
   type ErrorLogger,
   InvalidRequestError,
   errorMiddleware,
+  keepIdleConnections,
   notFoundMiddleware,
   requestEpisode,
   requestSignal,
@@ -364,6 +365,7 @@ export async function startFakeInference(
   const { app, state } = createFakeInferenceApp(options);
   const host = options.host ?? '127.0.0.1';
   const server = app.listen(options.port ?? 0, host);
+  keepIdleConnections(server);
   await once(server, 'listening');
   const { port } = server.address() as AddressInfo;
   const urlHost = host.includes(':') ? `[${host}]` : host;

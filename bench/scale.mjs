@@ -1,0 +1,317 @@
+/* global console, performance, process, setTimeout */
+// Scale: N rollouts all in flight on a real stack (separate processes started by the CLI's
+// launcher: fake backend, policy model with token capture, weather resources, Simple Agent,
+// single_agent_turn environment), each held at its second model call
+// (`after_calls_per_rollout: 1`). Then: prepare stage by stage and as a whole, commit, crash (SIGKILL
+// of every gym process group; the backend lives on), restart, restore, resume, and every exported
+// rollout's replacement. Checks that every rollout either finished before the checkpoint or was
+// exported, and that every exported one finishes (reward 1.0) after the restore.
+//
+//   npm run build && npm run bench -- scale --rollouts 8000
+//
+// Prints per-stage times and writes bench/results/scale.json (or --out).
+import { mkdirSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { cpus, tmpdir, totalmem } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+
+import { launchStack } from '@ckpt-gym/coordinator-cli';
+import {
+  commit,
+  createHttpClients,
+  createParticipants,
+  getControl,
+  parseCaptureKey,
+  prepare,
+  PREPARE_ORDER,
+  restore,
+  resume,
+} from '@ckpt-gym/core';
+
+const { values: flags } = parseArgs({
+  options: {
+    rollouts: { type: 'string', default: '1000' },
+    out: { type: 'string' },
+    'keep-dir': { type: 'boolean', default: false },
+  },
+});
+const ROLLOUTS = Number(flags.rollouts);
+if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
+const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+const OUT = resolve(flags.out ?? join(repo, 'bench/results/scale.json'));
+const TOKEN = 'bench-scale-token';
+const DEADLINE_S = 300;
+/** No new model call for this long while rollouts are still short of their second: give up. */
+const STALL_MS = 60_000;
+
+const now = () => performance.now();
+const seconds = (from) => Date.now() / 1000 + from;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const round = (ms) => Math.round(ms) / 1000;
+
+function stackYaml(inferencePort) {
+  return `checkpoint: { enabled: true, control_auth_token: ${TOKEN}, lease_grace_seconds: 600 }
+token_capture: { enabled: true, dir: ./capture }
+servers:
+  inference: { kind: inference, app: fake, port: ${inferencePort}, script: weather }
+  policy: { kind: model, app: policy, port: 0, backend_url: "http://127.0.0.1:${inferencePort}/v1", checkpoint_policy: true, checkpoint_generation_cuts: true }
+  weather: { kind: resources, app: weather, port: 0 }
+  simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
+  env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
+`;
+}
+
+function episodeBody(rolloutId, attempt) {
+  return {
+    episode_id: { rollout_id: rolloutId, attempt },
+    task: {
+      task_id: { taskset: 'scale', task_id: 'weather-sf' },
+      task_input: {
+        responses_create_params: {
+          input: [{ role: 'user', content: 'What is the weather in San Francisco?' }],
+        },
+        task_data: {},
+      },
+    },
+  };
+}
+
+/** A port nothing listens on now: the backend's, fixed because the policy model names it by URL. */
+function freePort() {
+  return new Promise((resolvePort, reject) => {
+    const probe = createServer();
+    probe.once('error', reject);
+    probe.listen(0, '127.0.0.1', () => {
+      const { port } = probe.address();
+      probe.close(() => resolvePort(port));
+    });
+  });
+}
+
+function bytesUnder(dir) {
+  let total = 0;
+  let entries;
+  try {
+    entries = readdirSync(dir, { withFileTypes: true });
+  } catch {
+    return 0;
+  }
+  for (const entry of entries) {
+    const path = join(dir, entry.name);
+    total += entry.isDirectory() ? bytesUnder(path) : statSync(path).size;
+  }
+  return total;
+}
+
+async function main() {
+  const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-scale-'));
+  const source = join(runDir, 'stack.source.yaml');
+  writeFileSync(source, stackYaml(await freePort()));
+  const clients = createHttpClients({
+    data: { maxSockets: 0, maxTotalSockets: 0 },
+    control: { maxSockets: 0, maxTotalSockets: 0 },
+  });
+  const timings = {};
+  const time = async (name, fn) => {
+    const start = now();
+    const value = await fn();
+    timings[name] = round(now() - start);
+    console.error(`${name}: ${timings[name]} s`);
+    return value;
+  };
+  const handle = await time('launch', () => launchStack({ configPath: source, runDir }));
+  // Interrupted: no server outlives the benchmark.
+  for (const signal of ['SIGINT', 'SIGTERM']) {
+    process.once(signal, () => {
+      handle.crash({ all: true }).finally(() => process.exit(130));
+    });
+  }
+  try {
+    const url = (name) => handle.servers.get(name).url;
+    const backend = (path, body) =>
+      body === undefined
+        ? clients.data(`${url('inference')}${path}`, { retry: { limit: 0 } }).json()
+        : clients.data
+            .post(`${url('inference')}${path}`, { json: body, retry: { limit: 0 } })
+            .json();
+    const participants = () =>
+      createParticipants(
+        [...handle.servers.values()]
+          .filter((s) => s.kind !== 'inference')
+          .map((s) => ({ server: s.name, kind: s.kind, url: s.url })),
+        { token: TOKEN, clients },
+      );
+    const ids = Array.from({ length: ROLLOUTS }, (_, i) => `scale-${i}`);
+    const run = (id, attempt) =>
+      clients.data
+        .post(`${url('env')}/run`, {
+          json: episodeBody(id, attempt),
+          retry: { limit: 0 },
+          throwHttpErrors: false,
+          timeout: { request: 900_000 },
+        })
+        .then((res) => ({ status: res.statusCode, body: JSON.parse(res.body) }))
+        .catch((err) => ({ status: 0, body: { error: String(err) } }));
+
+    await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+    const finishedBefore = new Set();
+    const failedBefore = new Map();
+    const first = ids.map((id) =>
+      run(id, 0).then((reply) => {
+        if (reply.status === 200 && reply.body.result?.reward === 1) finishedBefore.add(id);
+        else if (reply.status !== 0) failedBefore.set(id, reply.body.failure ?? reply.body.error);
+        return reply;
+      }),
+    );
+    // Every rollout still running waits at its second call; one that replied makes no more.
+    await time('dispatch_to_all_held', async () => {
+      let last = -1;
+      let progressAt = Date.now();
+      for (;;) {
+        const { count } = await backend('/_ctl/call_count');
+        const replied = finishedBefore.size + failedBefore.size;
+        if (count >= 2 * (ROLLOUTS - replied)) return;
+        if (count !== last) [last, progressAt] = [count, Date.now()];
+        if (Date.now() - progressAt > STALL_MS) {
+          const statuses = await Promise.all(
+            [...handle.servers.values()]
+              .filter((s) => s.kind !== 'inference')
+              .map((s) =>
+                getControl(clients.control, `${s.url}/ng-control/v1/checkpoint/status`, {
+                  token: TOKEN,
+                }).then((st) => `${s.name}: ${JSON.stringify(st.report.counts)}`),
+              ),
+          );
+          throw new Error(
+            `stalled at ${count} model calls (${replied} replied) for ${STALL_MS / 1000} s:\n` +
+              statuses.join('\n'),
+          );
+        }
+        await sleep(100);
+      }
+    });
+
+    // Prepare stage by stage (each stage alone, in prepare order) under one id, resume; then the
+    // checkpoint itself, prepared as a whole under a fresh id (every rollout is still held).
+    const all = participants();
+    const stageReplies = {};
+    for (const kind of PREPARE_ORDER) {
+      const members = all.members.filter((m) => m.kind === kind);
+      const stage = createParticipants(members, { token: TOKEN, clients });
+      const result = await time(`prepare_${kind}`, () =>
+        prepare(stage, 'scale-c0', seconds(DEADLINE_S)),
+      );
+      if (!result.prepared)
+        throw new Error(`stage ${kind} not prepared: ${JSON.stringify(result.blockers())}`);
+      Object.assign(stageReplies, result.replies);
+    }
+    await resume(all, 'scale-c0', seconds(DEADLINE_S));
+    const prepared = await time('prepare', () => prepare(all, 'scale-c1', seconds(DEADLINE_S)));
+    if (!prepared.prepared) throw new Error(`not prepared: ${JSON.stringify(prepared.blockers())}`);
+    const envStatus = await getControl(
+      clients.control,
+      `${url('env')}/ng-control/v1/checkpoint/status`,
+      {
+        token: TOKEN,
+      },
+    );
+    const scope = envStatus.episodes.map(parseCaptureKey);
+    const dir = join(runDir, 'checkpoints', 'scale-c1');
+    const committed = await time('commit', () =>
+      commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
+    );
+    const exported = committed.env.episode_ids;
+    const recordsBytes = {};
+    for (const kind of ['environment', 'model', 'agent', 'resources']) {
+      recordsBytes[kind] = bytesUnder(join(dir, 'gym', kind));
+    }
+
+    await time('crash', () => handle.crash());
+    await Promise.all(first);
+    await backend('/_ctl/release', {});
+    await time('restart', () => handle.restart());
+    const fresh = participants();
+    const restored = await time('restore', () =>
+      restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
+    );
+    await time('resume', () => resume(fresh, 'scale-r1', seconds(DEADLINE_S)));
+    const callsBefore = (await backend('/_ctl/call_count')).count;
+    const replies = await time('replacements', () =>
+      Promise.all(exported.map((key) => run(parseCaptureKey(key).rollout_id, 1))),
+    );
+    const callsAfter = (await backend('/_ctl/call_count')).count;
+    const failures = new Map();
+    let continued = 0;
+    for (const reply of replies) {
+      if (reply.status === 200 && reply.body.result?.reward === 1) continued += 1;
+      else {
+        const reason = JSON.stringify(reply.body.failure ?? reply.body.error ?? reply.body).slice(
+          0,
+          160,
+        );
+        failures.set(reason, (failures.get(reason) ?? 0) + 1);
+      }
+    }
+    const exportedSet = new Set(exported.map((k) => parseCaptureKey(k).rollout_id));
+    const overlap = [...finishedBefore].filter((id) => exportedSet.has(id)).length;
+    const uncovered = ids.filter((id) => !finishedBefore.has(id) && !exportedSet.has(id)).length;
+    const failedReasons = new Map();
+    for (const reason of failedBefore.values()) {
+      const key = JSON.stringify(reason).slice(0, 160);
+      failedReasons.set(key, (failedReasons.get(key) ?? 0) + 1);
+    }
+    const result = {
+      scale: ROLLOUTS,
+      machine: { cpus: cpus().length, memory_gib: Math.round(totalmem() / 2 ** 30) },
+      finished_before: finishedBefore.size,
+      failed_before: failedBefore.size,
+      failed_before_reasons: [...failedReasons.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
+      exported: exported.length,
+      continued,
+      failed: exported.length - continued,
+      finished_and_exported: overlap,
+      neither_finished_nor_exported: uncovered,
+      replacement_calls: callsAfter - callsBefore,
+      restored: restored.env?.restored?.length ?? 0,
+      timings_s: timings,
+      records_bytes: recordsBytes,
+      model_prepare_counts: stageReplies.policy?.report?.counts ?? null,
+      staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
+      replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
+      targets: {
+        prepare_le_0_5_s: timings.prepare <= 0.5,
+        commit_le_0_5_s: timings.commit <= 0.5,
+        restore_le_0_5_s: timings.restore <= 0.5,
+        every_rollout_finished_or_exported: overlap === 0 && uncovered === 0,
+        every_exported_continued: continued === exported.length,
+      },
+    };
+    console.log('\nSTAGE                  TIME (s)');
+    for (const [name, t] of Object.entries(timings))
+      console.log(`${name.padEnd(22)} ${t.toFixed(3)}`);
+    console.log(
+      `\nrollouts ${ROLLOUTS}: finished before ${finishedBefore.size}, failed before ` +
+        `${failedBefore.size}, exported ${exported.length}, ` +
+        `continued ${continued}, failed ${exported.length - continued}`,
+    );
+    console.log(`records bytes: ${JSON.stringify(recordsBytes)}`);
+    console.log(`targets: ${JSON.stringify(result.targets)}`);
+    mkdirSync(dirname(OUT), { recursive: true });
+    writeFileSync(OUT, `${JSON.stringify(result, null, 2)}\n`);
+    console.log(`wrote ${OUT}`);
+    const ok =
+      result.targets.every_rollout_finished_or_exported && result.targets.every_exported_continued;
+    process.exitCode = ok ? 0 : 1;
+  } finally {
+    await handle.stop({ graceMs: 2000 }).catch(() => undefined);
+    await handle.crash({ all: true }).catch(() => undefined);
+    clients.close();
+    if (!flags['keep-dir']) await rm(runDir, { recursive: true, force: true });
+    else console.error(`run dir kept: ${runDir}`);
+  }
+}
+
+await main();

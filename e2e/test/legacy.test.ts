@@ -1,0 +1,24 @@
+/** Simple Agent's legacy whole-episode `/run` continues from its protocol boundary after a crash. */
+import { closeAll, Deployment, ep, scenario } from './support/deployment.js';
+import { weatherRow } from './support/stacks.js';
+
+afterEach(closeAll);
+
+scenario('a legacy /run episode continues from its last boundary after a crash', async () => {
+  const dep = await Deployment.start('legacy');
+  await dep.backend('/_ctl/hold', { after_calls: 1 });
+  const first = dep.post('simple_agent', '/run', weatherRow('legacy-1'));
+  await dep.waitForCalls(2);
+  const { committed } = await dep.checkpoint('c1', [ep('legacy-1')]);
+  expect(committed.simple_agent?.episode_ids).toEqual(['legacy-1']);
+
+  const restored = await dep.crashAndRestore('c1', [ep('legacy-1')]);
+  expect(restored.simple_agent?.restored).toEqual(['legacy-1-a1']);
+  await expect(first.reply).rejects.toThrow();
+
+  const reply = await dep.post('simple_agent', '/run', weatherRow('legacy-1', 1)).reply;
+  expect(reply.status).toBe(200);
+  expect(reply.body).toMatchObject({ reward: 1 });
+  expect(await dep.messageCounts()).toEqual([1, 3, 3]);
+  expect(await dep.trackedAfterForget(['legacy-1'])).toEqual({});
+});

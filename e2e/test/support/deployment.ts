@@ -1,0 +1,506 @@
+/**
+ * A deployment for one e2e test: a stack of real server processes started by the CLI's launcher
+ * from a generated stack file, each in its own process group. `crash()` SIGKILLs every gym process
+ * group while the fake backend lives on; `restart()` starts fresh gym processes on the same ports.
+ * The test plays the controller through core's coordination functions.
+ *
+ * Every deployment registers itself: `closeAll()` (afterEach) kills what is left, SIGKILL as the
+ * fallback, and removes the run directory. `scenario()` prints every server's log when its test fails.
+ */
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import {
+  CLI_MAIN,
+  launchStack,
+  type LaunchedServer,
+  type StackHandle,
+} from '@ckpt-gym/coordinator-cli';
+import {
+  captureKey,
+  commit,
+  createHttpClients,
+  createParticipants,
+  type EpisodeId,
+  forget,
+  getControl,
+  type HttpClients,
+  type ParticipantKind,
+  type Participants,
+  prepare,
+  type PrepareResult,
+  readParticipantState,
+  type Replies,
+  restore,
+  resume,
+} from '@ckpt-gym/core';
+import { stackYaml, type StackOptions, type StackShape, TOKEN } from './stacks.js';
+
+export type Json = Record<string, unknown>;
+
+/** One call the fake backend saw (its `/_ctl/calls` view). */
+export interface CallView {
+  index: number;
+  capture_key: string | null;
+  rollout_id: string | null;
+  attempt: number | null;
+  n_messages: number;
+  admission: unknown;
+  held: boolean;
+  returned: boolean;
+  dropped: boolean;
+  continued_from: string | null;
+}
+
+/** The status reply of a participant (core's `StatusReply`, read loosely). */
+export interface Status extends Json {
+  kind: string;
+  phase: string;
+  retired_rollouts: number;
+  report: { blocker_count?: number; blockers?: string[]; counts?: Record<string, number> };
+}
+
+/** A CLI process: its exit code once it exits, and everything it printed so far. */
+export interface CliRun {
+  readonly child: ChildProcess;
+  readonly exited: Promise<number | null>;
+  output(): string;
+}
+
+/** A `/run` in flight: its reply (status and body) and whether it came back yet. */
+export interface RunHandle {
+  readonly reply: Promise<{ status: number; body: Json }>;
+  done(): boolean;
+}
+
+const PARTICIPANT_KINDS = new Set(['environment', 'model', 'agent', 'resources']);
+const live = new Set<Deployment>();
+const LOG_TAIL_LINES = 80;
+
+export function seconds(from: number): number {
+  return Date.now() / 1000 + from;
+}
+
+/** Polls `check` every 50 ms until it holds; fails after `timeoutMs` naming `what`. */
+export async function until(
+  check: () => boolean | Promise<boolean>,
+  what: string,
+  timeoutMs = 30_000,
+): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+export function ep(rolloutId: string, attempt = 0): EpisodeId {
+  return { rollout_id: rolloutId, attempt };
+}
+
+export class Deployment {
+  readonly clients: HttpClients = createHttpClients();
+  readonly token = TOKEN;
+  private closed = false;
+
+  private constructor(
+    readonly shape: StackShape,
+    readonly runDir: string,
+    readonly handle: StackHandle,
+  ) {}
+
+  /** Starts every server of `shape` (the fake backend first) in a fresh run directory. */
+  static async start(shape: StackShape, options: StackOptions = {}): Promise<Deployment> {
+    const runDir = await mkdtemp(join(tmpdir(), `ckpt-gym-e2e-${shape}-`));
+    const configPath = join(runDir, 'stack.source.yaml');
+    await writeFile(configPath, await withPorts(stackYaml(shape, await testPort(), options)));
+    let handle: StackHandle;
+    try {
+      handle = await launchStack({ configPath, runDir });
+    } catch (err) {
+      // The launcher stops what it started when it fails; the logs say why.
+      process.stderr.write(`launch of ${shape} failed in ${runDir}:\n${logTails(runDir)}\n`);
+      await rm(runDir, { recursive: true, force: true });
+      throw err;
+    }
+    const deployment = new Deployment(shape, runDir, handle);
+    live.add(deployment);
+    return deployment;
+  }
+
+  server(name: string): LaunchedServer {
+    const found = this.handle.servers.get(name);
+    if (!found) throw new Error(`no server ${name} in this ${this.shape} deployment`);
+    return found;
+  }
+
+  url(name: string): string {
+    return this.server(name).url;
+  }
+
+  /** Names of the gym servers (every server but the inference backend). */
+  gymServers(): LaunchedServer[] {
+    return [...this.handle.servers.values()].filter((s) => s.kind !== 'inference');
+  }
+
+  // --- the fake backend ----------------------------------------------------------------------
+
+  get backendUrl(): string {
+    return this.url('inference');
+  }
+
+  /** POST (with `body`) or GET a backend control route. */
+  async backend<T = Json>(path: string, body?: Json): Promise<T> {
+    const url = `${this.backendUrl}${path}`;
+    return body === undefined
+      ? this.clients.data(url, { retry: { limit: 0 } }).json<T>()
+      : this.clients.data.post(url, { json: body, retry: { limit: 0 } }).json<T>();
+  }
+
+  async calls(): Promise<CallView[]> {
+    return (await this.backend<{ calls: CallView[] }>('/_ctl/calls')).calls;
+  }
+
+  async callCount(): Promise<number> {
+    return (await this.backend<{ count: number }>('/_ctl/call_count')).count;
+  }
+
+  async waitForCalls(count: number, timeoutMs = 30_000): Promise<void> {
+    await until(async () => (await this.callCount()) >= count, `${count} model calls`, timeoutMs);
+  }
+
+  /** `n_messages` of every call the backend saw, in arrival order. */
+  async messageCounts(): Promise<number[]> {
+    return (await this.calls()).map((call) => call.n_messages);
+  }
+
+  // --- data plane ----------------------------------------------------------------------------
+
+  /** POSTs `body` to `path` on `server`; the reply resolves with any status (never retried). */
+  post(server: string, path: string, body: Json): RunHandle {
+    let finished = false;
+    const reply = this.clients.data
+      .post(`${this.url(server)}${path}`, {
+        json: body,
+        retry: { limit: 0 },
+        throwHttpErrors: false,
+        timeout: { request: 110_000 },
+      })
+      .then((res) => ({ status: res.statusCode, body: parseBody(res.body) }))
+      .finally(() => {
+        finished = true;
+      });
+    // A crash cuts the connection: the test reads the rejection only when it awaits the reply.
+    reply.catch(() => undefined);
+    return { reply, done: () => finished };
+  }
+
+  // --- control plane -------------------------------------------------------------------------
+
+  participants(): Participants {
+    const members = this.gymServers()
+      .filter((s) => PARTICIPANT_KINDS.has(s.kind))
+      .map((s) => ({ server: s.name, kind: s.kind as ParticipantKind, url: s.url }));
+    return createParticipants(members, { token: this.token, clients: this.clients });
+  }
+
+  async status(name: string): Promise<Status> {
+    return (await getControl(
+      this.clients.control,
+      `${this.url(name)}/ng-control/v1/checkpoint/status`,
+      { token: this.token, timeoutMs: 10_000 },
+    )) as Status;
+  }
+
+  async statuses(): Promise<Record<string, Status>> {
+    const names = this.gymServers().map((s) => s.name);
+    const replies = await Promise.all(names.map((name) => this.status(name)));
+    return Object.fromEntries(names.map((name, i) => [name, replies[i] as Status]));
+  }
+
+  /** Prepare (must be prepared) and commit `episodes` into `<run dir>/<id>`. */
+  async checkpoint(
+    id: string,
+    episodes: readonly EpisodeId[],
+  ): Promise<{ prepared: PrepareResult; committed: Replies; dir: string }> {
+    const deadline = seconds(30);
+    const participants = this.participants();
+    const prepared = await prepare(participants, id, deadline);
+    if (!prepared.prepared) {
+      throw new Error(`checkpoint ${id} not prepared: ${JSON.stringify(prepared.blockers())}`);
+    }
+    const dir = this.checkpointDir(id);
+    const committed = await commit(participants, id, dir, prepared.continued(episodes), deadline);
+    return { prepared, committed, dir };
+  }
+
+  /** Every record of one participant in checkpoint `id`, read back and verified against its manifest. */
+  async records(id: string, kind: string, instance: string): Promise<Json[]> {
+    const { records } = await readParticipantState<Json>({
+      checkpointDir: this.checkpointDir(id),
+      kind,
+      instance,
+      select: () => true,
+      validate: (record) => record as Json,
+    });
+    return records;
+  }
+
+  checkpointDir(id: string): string {
+    return join(this.runDir, 'checkpoints', id);
+  }
+
+  async resume(id: string): Promise<Replies> {
+    return resume(this.participants(), id, seconds(30));
+  }
+
+  /**
+   * What every server still tracks once `rollouts` are done for good: first only the marks a
+   * restore or retire left for replaced attempts, then, after `forget`, nothing at all.
+   */
+  async trackedAfterForget(
+    rollouts: readonly string[],
+  ): Promise<Record<string, Record<string, number>>> {
+    const before = tracked(await this.statuses());
+    const onlyMarks = Object.values(before).every((left) =>
+      Object.keys(left).every((key) => key === 'retired_rollouts' || key === 'retired_sessions'),
+    );
+    if (!onlyMarks) return before;
+    await forget(this.participants(), `forget-${rollouts.join('-')}`, rollouts, seconds(30));
+    return tracked(await this.statuses());
+  }
+
+  /** Every gym process group dies at once (SIGKILL); the fake backend lives on. */
+  async crash(): Promise<void> {
+    await this.handle.crash();
+  }
+
+  /** Fresh gym processes on the same ports (after a crash). */
+  async restart(): Promise<void> {
+    await this.handle.restart();
+  }
+
+  /**
+   * Crash, release the backend's held calls, start fresh gym processes, restore the checkpoint
+   * `from` for `episodes` (optionally without the participants of `skipKinds`) and resume.
+   */
+  async crashAndRestore(
+    from: string,
+    episodes: readonly EpisodeId[],
+    options: {
+      restoreId?: string;
+      skipKinds?: readonly string[];
+      beforeRestart?: () => Promise<void>;
+    } = {},
+  ): Promise<Replies> {
+    await this.crash();
+    await this.backend('/_ctl/release', {});
+    await options.beforeRestart?.();
+    await this.restart();
+    const restoreId = options.restoreId ?? `${from}-restore`;
+    const all = this.participants();
+    const participants = createParticipants(
+      all.members.filter((m) => !(options.skipKinds ?? []).includes(m.kind)),
+      { token: this.token, clients: this.clients },
+    );
+    const deadline = seconds(30);
+    const restored = await restore(
+      participants,
+      restoreId,
+      this.checkpointDir(from),
+      episodes,
+      deadline,
+    );
+    await resume(participants, restoreId, deadline);
+    return restored;
+  }
+
+  // --- the coordinator CLI -------------------------------------------------------------------
+
+  /**
+   * Runs `ckpt-gym <args>` (the built bin) against this stack's resolved stack file, output to
+   * `<run dir>/logs/cli-<n>.log`; killed with the deployment.
+   */
+  cli(args: readonly string[]): CliRun {
+    const logPath = join(this.runDir, 'logs', `cli-${this.cliRuns.length + 1}.log`);
+    const child = spawn(process.execPath, [CLI_MAIN, ...args, '--config', this.handle.configPath], {
+      cwd: this.runDir,
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.children.add(child);
+    let output = '';
+    const collect = (chunk: Buffer) => {
+      output += chunk.toString('utf8');
+    };
+    child.stdout?.on('data', collect);
+    child.stderr?.on('data', collect);
+    const exited = new Promise<number | null>((resolveExit) => {
+      child.once('exit', (code) => {
+        this.children.delete(child);
+        writeFileSync(logPath, output);
+        resolveExit(code);
+      });
+    });
+    const run = { child, exited, output: () => output };
+    this.cliRuns.push(run);
+    return run;
+  }
+
+  private readonly children = new Set<ChildProcess>();
+  private readonly cliRuns: CliRun[] = [];
+
+  // --- teardown and logs ---------------------------------------------------------------------
+
+  logTails(): string {
+    const cli = this.cliRuns.map((run, i) => `----- ckpt-gym run ${i + 1}\n${run.output()}`);
+    return [logTails(this.runDir, [...this.handle.servers.values()]), ...cli].join('\n');
+  }
+
+  /** SIGKILL to every process this deployment started (synchronous: safe in an exit handler). */
+  killAll(): void {
+    for (const child of this.children) child.kill('SIGKILL');
+    for (const s of this.handle.servers.values()) killGroup(s.pid);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    live.delete(this);
+    try {
+      for (const child of this.children) child.kill('SIGKILL');
+      await this.handle.stop({ graceMs: 0 });
+    } finally {
+      this.killAll();
+      this.clients.close();
+      await rm(this.runDir, { recursive: true, force: true });
+    }
+  }
+}
+
+/**
+ * Ports for the test's servers, from below the kernel's ephemeral range (32768–60999 on Linux):
+ * a port picked there and bound a moment later is never taken meanwhile by an outgoing
+ * connection, which a kernel pick for port 0 can be. Checked bindable, never handed out twice.
+ */
+const PORT_LOW = 20000;
+const PORT_HIGH = 32767;
+const handedOut = new Set<number>();
+
+function bindable(port: number): Promise<boolean> {
+  return new Promise((resolvePort) => {
+    const probe = createServer();
+    probe.once('error', () => resolvePort(false));
+    probe.listen(port, '127.0.0.1', () => probe.close(() => resolvePort(true)));
+  });
+}
+
+async function testPort(): Promise<number> {
+  for (;;) {
+    const port = PORT_LOW + Math.floor(Math.random() * (PORT_HIGH - PORT_LOW + 1));
+    if (handedOut.has(port) || !(await bindable(port))) continue;
+    handedOut.add(port);
+    return port;
+  }
+}
+
+/** The generated stack text (one server per line) with a test port for every `port: 0`. */
+async function withPorts(text: string): Promise<string> {
+  const lines = text.split('\n');
+  for (const [i, line] of lines.entries()) {
+    if (line.includes(' port: 0,'))
+      lines[i] = line.replace(' port: 0,', ` port: ${await testPort()},`);
+  }
+  return lines.join('\n');
+}
+
+function parseBody(text: string): Json {
+  try {
+    const parsed = JSON.parse(text) as unknown;
+    return typeof parsed === 'object' && parsed !== null ? (parsed as Json) : { value: parsed };
+  } catch {
+    return { text };
+  }
+}
+
+function killGroup(pid: number): void {
+  for (const target of [-pid, pid]) {
+    try {
+      process.kill(target, 'SIGKILL');
+    } catch {
+      // Already gone.
+    }
+  }
+}
+
+function tail(path: string): string {
+  if (!existsSync(path)) return '(no log)';
+  const lines = readFileSync(path, 'utf8').split('\n');
+  return lines.slice(-LOG_TAIL_LINES).join('\n');
+}
+
+function logTails(runDir: string, servers: readonly LaunchedServer[] = []): string {
+  if (servers.length === 0) return `(no servers started; run dir ${runDir})`;
+  return servers
+    .map((s) => `----- ${s.name} (${s.kind}, pid ${s.pid}) ${s.logPath}\n${tail(s.logPath)}`)
+    .join('\n');
+}
+
+/** Kills and removes every deployment still open (afterEach / afterAll). */
+export async function closeAll(): Promise<void> {
+  await Promise.allSettled([...live].map((d) => d.close()));
+}
+
+/** Last resort when jest itself goes away: no process may outlive the test run. */
+process.once('exit', () => {
+  for (const d of live) d.killAll();
+});
+
+/**
+ * A jest test whose failure prints the log tail of every server of every deployment it started,
+ * then kills them.
+ */
+export function scenario(name: string, body: () => Promise<void>, timeoutMs?: number): void {
+  it(
+    name,
+    async () => {
+      try {
+        await body();
+      } catch (err) {
+        for (const d of live)
+          process.stderr.write(`\n===== logs of ${d.shape} (${name})\n${d.logTails()}\n`);
+        throw err;
+      } finally {
+        await closeAll();
+      }
+    },
+    timeoutMs,
+  );
+}
+
+export { captureKey };
+
+/**
+ * What each server still tracks: its non-zero readiness counts, restored episodes no request
+ * claimed, and retired marks. Empty when the deployment is idle and clean.
+ */
+export function tracked(statuses: Record<string, Status>): Record<string, Record<string, number>> {
+  const out: Record<string, Record<string, number>> = {};
+  for (const [name, status] of Object.entries(statuses)) {
+    const left: Record<string, number> = {};
+    for (const [key, value] of Object.entries(status.report.counts ?? {}))
+      if (value !== 0) left[key] = value;
+    if (status.retired_rollouts !== 0) left.retired_rollouts = status.retired_rollouts;
+    if (typeof status.retired_sessions === 'number' && status.retired_sessions !== 0)
+      left.retired_sessions = status.retired_sessions;
+    const pending = status.restored_pending;
+    if (Array.isArray(pending) && pending.length > 0) left.restored_pending = pending.length;
+    if (status.phase !== 'idle') left[`phase_${status.phase}`] = 1;
+    if (Object.keys(left).length > 0) out[name] = left;
+  }
+  return out;
+}

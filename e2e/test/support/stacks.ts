@@ -1,0 +1,194 @@
+/**
+ * The stack files of the e2e deployments: one YAML text per shape, `port: 0` for every server but
+ * the fake backend (the policy model names it by URL, so its port is the caller's). Relative paths
+ * resolve against the run directory, where the file is written.
+ */
+
+export const TOKEN = 'e2e-checkpoint-token';
+
+export type StackShape = 'native' | 'legacy' | 'counter' | 'slow' | 'mixed';
+
+export interface StackOptions {
+  /** The fake backend's default script (`weather` unless the shape needs another). */
+  script?: 'weather' | 'counter';
+  /** Token capture (the policy model's ledger) in `<run dir>/capture`. */
+  tokenCapture?: boolean;
+  /** The slow-verify server's `checkpoint_verify`. */
+  checkpointVerify?: 'wait' | 'replay';
+  /** `checkpoint_generation_cuts` on the policy model. */
+  generationCuts?: boolean;
+}
+
+/** Files the slow-verify server reads and writes, relative to the run directory. */
+export const SLOW_VERIFY_FLAG = 'slow-verify.flag';
+export const SLOW_VERIFY_LOG = 'slow-verify.log';
+
+function server(name: string, fields: Record<string, string | number | boolean>): string {
+  const body = Object.entries(fields)
+    .map(
+      ([key, value]) =>
+        `${key}: ${typeof value === 'string' ? JSON.stringify(value) : String(value)}`,
+    )
+    .join(', ');
+  return `  ${name}: { ${body} }`;
+}
+
+/**
+ * The servers every shape shares: the fake backend, the policy model and Simple Agent. The
+ * backend's port is fixed up front: the policy model names it by URL, which no launcher rewrites.
+ */
+function common(options: StackOptions, agentResources: string, inferencePort: number): string[] {
+  return [
+    server('inference', {
+      kind: 'inference',
+      app: 'fake',
+      port: inferencePort,
+      script: options.script ?? 'weather',
+    }),
+    server('policy', {
+      kind: 'model',
+      app: 'policy',
+      port: 0,
+      backend_url: `http://127.0.0.1:${inferencePort}/v1`,
+      checkpoint_policy: true,
+      checkpoint_generation_cuts: options.generationCuts ?? false,
+    }),
+    server('simple_agent', {
+      kind: 'agent',
+      app: 'simple',
+      port: 0,
+      model_server: 'policy',
+      resources_server: agentResources,
+    }),
+  ];
+}
+
+function environment(name: string, resources: string, app = 'single_agent_turn'): string {
+  return server(name, {
+    kind: 'environment',
+    app,
+    port: 0,
+    agent_server: 'simple_agent',
+    resources_server: resources,
+  });
+}
+
+/** The stack file text for `shape`, with the fake backend on `inferencePort`. */
+export function stackYaml(
+  shape: StackShape,
+  inferencePort: number,
+  options: StackOptions = {},
+): string {
+  const lines = [
+    `checkpoint: { enabled: true, control_auth_token: ${TOKEN}, lease_grace_seconds: 600 }`,
+    `token_capture: { enabled: ${options.tokenCapture ?? false}, dir: ./capture }`,
+    'servers:',
+  ];
+  switch (shape) {
+    case 'native':
+      lines.push(
+        ...common(options, 'weather', inferencePort),
+        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
+        environment('env', 'weather'),
+      );
+      break;
+    case 'legacy':
+      // Simple Agent's own whole-episode `/run`; no environment server.
+      lines.push(
+        ...common(options, 'weather', inferencePort),
+        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
+      );
+      break;
+    case 'counter':
+      lines.push(
+        ...common({ ...options, script: 'counter' }, 'counter', inferencePort),
+        server('counter', { kind: 'resources', app: 'counter', port: 0 }),
+        environment('env', 'counter'),
+      );
+      break;
+    case 'slow':
+      lines.push(
+        ...common(options, 'slow', inferencePort),
+        server('slow', {
+          kind: 'resources',
+          app: 'slow_verify',
+          port: 0,
+          flag_file: SLOW_VERIFY_FLAG,
+          verify_log: SLOW_VERIFY_LOG,
+          checkpoint_verify: options.checkpointVerify ?? 'wait',
+        }),
+        environment('env', 'slow'),
+      );
+      break;
+    case 'mixed':
+      lines.push(
+        ...common(options, 'weather', inferencePort),
+        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
+        server('restart_weather', { kind: 'resources', app: 'weather_restart', port: 0 }),
+        environment('env', 'weather'),
+        environment('restart_env', 'restart_weather'),
+      );
+      break;
+  }
+  return `${lines.join('\n')}\n`;
+}
+
+/** A native `/run` body for the weather task. */
+export function weatherEpisode(rolloutId: string, attempt = 0): Record<string, unknown> {
+  return {
+    episode_id: { rollout_id: rolloutId, attempt },
+    task: {
+      task_id: { taskset: 'example_single_tool_call:e2e', task_id: 'weather-sf' },
+      task_input: {
+        responses_create_params: {
+          input: [
+            { role: 'developer', content: 'You are a helpful assistant. Use the tools.' },
+            { role: 'user', content: 'What is the weather in San Francisco?' },
+          ],
+          tools: [
+            {
+              type: 'function',
+              name: 'get_weather',
+              description: 'The weather forecast for a city.',
+              parameters: {
+                type: 'object',
+                properties: { city: { type: 'string' } },
+                required: ['city'],
+                additionalProperties: false,
+              },
+              strict: true,
+            },
+          ],
+        },
+        task_data: {},
+      },
+    },
+  };
+}
+
+/** A native `/run` body for the counter task: start at 3, add 1 then 2, expect 6. */
+export function counterEpisode(rolloutId: string, attempt = 0): Record<string, unknown> {
+  return {
+    episode_id: { rollout_id: rolloutId, attempt },
+    task: {
+      task_id: { taskset: 'example_session_state_mgmt:e2e', task_id: 'counter-3-6' },
+      task_input: {
+        responses_create_params: {
+          input: [{ role: 'user', content: 'Add 1 to the counter, then add 2.' }],
+        },
+        task_data: { initial_count: 3, expected_count: 6 },
+      },
+    },
+  };
+}
+
+/** A flat row for Simple Agent's legacy `/run` (weather). */
+export function weatherRow(rolloutId: string, attempt = 0): Record<string, unknown> {
+  return {
+    _ng_rollout_id: rolloutId,
+    _ng_attempt_index: attempt,
+    responses_create_params: {
+      input: [{ role: 'user', content: 'What is the weather in San Francisco?' }],
+    },
+  };
+}
