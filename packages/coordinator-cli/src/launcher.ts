@@ -99,18 +99,47 @@ export class LaunchError extends Error {
   }
 }
 
-/** A free TCP port on `host`, as the kernel picks it for port 0. */
-export function freePort(host: string): Promise<number> {
-  return new Promise((resolvePort, reject) => {
+/** Server ports are chosen from here up to just below the kernel's ephemeral range. */
+export const SERVER_PORT_FLOOR = 20000;
+const handedOut = new Set<number>();
+
+/** The ports the kernel gives outgoing connections (`ip_local_port_range`). */
+function ephemeralPortRange(): [number, number] {
+  try {
+    const [low, high] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8')
+      .trim()
+      .split(/\s+/)
+      .map(Number);
+    if (low && high) return [low, high];
+  } catch {
+    // Not Linux: use the usual range.
+  }
+  return [32768, 60999];
+}
+
+function canBind(port: number, host: string): Promise<boolean> {
+  return new Promise((resolveBind) => {
     const probe = createServer();
     probe.unref();
-    probe.once('error', reject);
-    probe.listen(0, host, () => {
-      const address = probe.address();
-      const port = typeof address === 'object' && address !== null ? address.port : 0;
-      probe.close(() => resolvePort(port));
-    });
+    probe.once('error', () => resolveBind(false));
+    probe.listen(port, host, () => probe.close(() => resolveBind(true)));
   });
+}
+
+/**
+ * A free TCP port on `host` for a server, below the kernel's ephemeral range: a port the kernel
+ * picks for port 0 can be taken by an outgoing connection before the server binds it. Never the
+ * same port twice in one process.
+ */
+export async function freePort(host: string): Promise<number> {
+  const high = ephemeralPortRange()[0] - 1;
+  for (let tries = 0; tries < 500; tries++) {
+    const port = SERVER_PORT_FLOOR + Math.floor(Math.random() * (high - SERVER_PORT_FLOOR + 1));
+    if (handedOut.has(port) || !(await canBind(port, host))) continue;
+    handedOut.add(port);
+    return port;
+  }
+  throw new LaunchError(`no free port between ${SERVER_PORT_FLOOR} and ${high} on ${host}`);
 }
 
 /** The servers to run, in dependency order (file order within a kind). */
