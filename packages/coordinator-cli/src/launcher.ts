@@ -81,14 +81,17 @@ export interface LaunchOptions {
 interface RunFile {
   config_path: string;
   source_path: string;
-  servers: {
-    name: string;
-    kind: ServerKind;
-    pid: number;
-    port: number;
-    url: string;
-    log_path: string;
-  }[];
+  servers: RunFileServer[];
+}
+
+/** A launched server as the run file and `--json` output write it. */
+export interface RunFileServer {
+  name: string;
+  kind: ServerKind;
+  pid: number;
+  port: number;
+  url: string;
+  log_path: string;
 }
 
 /** Raised when a server does not come up; the message holds the end of its log. */
@@ -97,6 +100,10 @@ export class LaunchError extends Error {
     super(message);
     this.name = 'LaunchError';
   }
+}
+
+export function serverEntry(s: LaunchedServer): RunFileServer {
+  return { name: s.name, kind: s.kind, pid: s.pid, port: s.port, url: s.url, log_path: s.logPath };
 }
 
 /** Server ports are chosen from here up to just below the kernel's ephemeral range. */
@@ -335,14 +342,7 @@ class RunningStack implements StackHandle {
     const run: RunFile = {
       config_path: this.configPath,
       source_path: this.sourcePath,
-      servers: [...this.servers.values()].map((s) => ({
-        name: s.name,
-        kind: s.kind,
-        pid: s.pid,
-        port: s.port,
-        url: s.url,
-        log_path: s.logPath,
-      })),
+      servers: [...this.servers.values()].map(serverEntry),
     };
     const path = join(this.runDir, RUN_FILE);
     writeFileSync(`${path}.tmp`, `${JSON.stringify(run, null, 2)}\n`);

@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import {
   decodeJson,
   encodeJson,
+  forEachBounded,
   fsyncDirectory,
   type JsonObject,
   parseCaptureKey,
@@ -76,20 +77,6 @@ async function remove(path: string): Promise<boolean> {
     if (isMissing(err)) return false;
     throw err;
   }
-}
-
-async function forEachBounded<T>(
-  items: readonly T[],
-  fn: (item: T) => Promise<void>,
-): Promise<void> {
-  let next = 0;
-  const worker = async () => {
-    while (next < items.length) {
-      const item = items[next++] as T;
-      await fn(item);
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(BATCH_CONCURRENCY, items.length) }, worker));
 }
 
 /** The capture key a ledger-directory file belongs to, if it is one of ours. */
@@ -169,7 +156,7 @@ export class CaptureLedger {
       list.push(item);
       stripes.set(stripe, list);
     }
-    await forEachBounded([...stripes], ([stripe, list]) =>
+    await forEachBounded([...stripes], BATCH_CONCURRENCY, ([stripe, list]) =>
       this.#withStripe(stripe, async () => {
         for (const item of list) await fn(item);
       }),

@@ -11,6 +11,7 @@ import {
   launchStack,
   type LaunchedServer,
   RUN_FILE,
+  serverEntry,
   type StackHandle,
 } from '../launcher.js';
 import { type CommandResult, table } from '../output.js';
@@ -47,17 +48,6 @@ function serverTable(servers: Iterable<LaunchedServer>): string {
     ['SERVER', 'KIND', 'PID', 'URL', 'LOG'],
     [...servers].map((s) => [s.name, s.kind, String(s.pid), s.url, s.logPath]),
   );
-}
-
-function serversData(servers: Iterable<LaunchedServer>): Record<string, unknown>[] {
-  return [...servers].map((s) => ({
-    name: s.name,
-    kind: s.kind,
-    pid: s.pid,
-    port: s.port,
-    url: s.url,
-    log_path: s.logPath,
-  }));
 }
 
 export async function serveCommand(ctx: CommandContext): Promise<CommandResult> {
@@ -113,7 +103,7 @@ export async function upCommand(ctx: CommandContext): Promise<CommandResult> {
   const data = {
     run_dir: runDir,
     config_path: handle.configPath,
-    servers: serversData(handle.servers.values()),
+    servers: [...handle.servers.values()].map(serverEntry),
   };
   if (signal === undefined) return { exitCode: ExitCode.OK, data, text: summary };
 

@@ -1,5 +1,5 @@
 // The participant control plane: phases, request schemas, the plane and its routes.
-export { type ControlClock, systemClock, withinDeadline } from './deadline.js';
+export { type ControlClock, forEachBounded, systemClock, withinDeadline } from './deadline.js';
 export * from './phases.js';
 export * from './plane.js';
 export * from './routes.js';
