@@ -10,7 +10,7 @@
 //   npm run build && npm run bench -- scale --rollouts 8000
 //
 // Prints per-stage times and writes bench/results/scale.json (or --out).
-import { mkdirSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -104,6 +104,38 @@ function bytesUnder(dir) {
     total += entry.isDirectory() ? bytesUnder(path) : statSync(path).size;
   }
   return total;
+}
+
+/**
+ * Each server's own account of the checkpoint (its 'checkpoint committed' / 'checkpoint restored'
+ * log lines): where the commit and restore time went, per server.
+ */
+function serverTimings(handle) {
+  const timings = {};
+  for (const server of handle.servers.values()) {
+    if (server.kind === 'inference') continue;
+    let text;
+    try {
+      text = readFileSync(server.logPath, 'utf8');
+    } catch {
+      continue;
+    }
+    for (const line of text.split('\n')) {
+      if (!line.includes('"checkpoint committed"') && !line.includes('"checkpoint restored"'))
+        continue;
+      let entry;
+      try {
+        entry = JSON.parse(line);
+      } catch {
+        continue;
+      }
+      const { message, checkpoint_id: id, records, ...rest } = entry;
+      const ms = Object.fromEntries(Object.entries(rest).filter(([k]) => k.endsWith('_ms')));
+      timings[server.name] ??= {};
+      timings[server.name][`${message.split(' ')[1]} ${id}`] = { records, ...ms };
+    }
+  }
+  return timings;
 }
 
 async function main() {
@@ -278,6 +310,7 @@ async function main() {
       restored: restored.env?.restored?.length ?? 0,
       timings_s: timings,
       records_bytes: recordsBytes,
+      server_timings_ms: serverTimings(handle),
       model_prepare_counts: stageReplies.policy?.report?.counts ?? null,
       staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
       replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
@@ -298,6 +331,17 @@ async function main() {
         `continued ${continued}, failed ${exported.length - continued}`,
     );
     console.log(`records bytes: ${JSON.stringify(recordsBytes)}`);
+    console.log('\nSERVER          CHECKPOINT           RECORDS  TIMES (ms)');
+    for (const [name, entries] of Object.entries(result.server_timings_ms)) {
+      for (const [what, { records, ...ms }] of Object.entries(entries)) {
+        const times = Object.entries(ms)
+          .map(([k, v]) => `${k.replace(/_ms$/, '')} ${v}`)
+          .join(', ');
+        console.log(
+          `${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`,
+        );
+      }
+    }
     console.log(`targets: ${JSON.stringify(result.targets)}`);
     mkdirSync(dirname(OUT), { recursive: true });
     writeFileSync(OUT, `${JSON.stringify(result, null, 2)}\n`);

@@ -10,13 +10,13 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   CLI_MAIN,
+  freePort,
   launchStack,
   type LaunchedServer,
   type StackHandle,
@@ -118,7 +118,10 @@ export class Deployment {
   static async start(shape: StackShape, options: StackOptions = {}): Promise<Deployment> {
     const runDir = await mkdtemp(join(tmpdir(), `ckpt-gym-e2e-${shape}-`));
     const configPath = join(runDir, 'stack.source.yaml');
-    await writeFile(configPath, await withPorts(stackYaml(shape, await testPort(), options)));
+    await writeFile(
+      configPath,
+      await withPorts(stackYaml(shape, await freePort('127.0.0.1'), options)),
+    );
     let handle: StackHandle;
     try {
       handle = await launchStack({ configPath, runDir });
@@ -382,38 +385,12 @@ export class Deployment {
   }
 }
 
-/**
- * Ports for the test's servers, from below the kernel's ephemeral range (32768–60999 on Linux):
- * a port picked there and bound a moment later is never taken meanwhile by an outgoing
- * connection, which a kernel pick for port 0 can be. Checked bindable, never handed out twice.
- */
-const PORT_LOW = 20000;
-const PORT_HIGH = 32767;
-const handedOut = new Set<number>();
-
-function bindable(port: number): Promise<boolean> {
-  return new Promise((resolvePort) => {
-    const probe = createServer();
-    probe.once('error', () => resolvePort(false));
-    probe.listen(port, '127.0.0.1', () => probe.close(() => resolvePort(true)));
-  });
-}
-
-async function testPort(): Promise<number> {
-  for (;;) {
-    const port = PORT_LOW + Math.floor(Math.random() * (PORT_HIGH - PORT_LOW + 1));
-    if (handedOut.has(port) || !(await bindable(port))) continue;
-    handedOut.add(port);
-    return port;
-  }
-}
-
 /** The generated stack text (one server per line) with a test port for every `port: 0`. */
 async function withPorts(text: string): Promise<string> {
   const lines = text.split('\n');
   for (const [i, line] of lines.entries()) {
     if (line.includes(' port: 0,'))
-      lines[i] = line.replace(' port: 0,', ` port: ${await testPort()},`);
+      lines[i] = line.replace(' port: 0,', ` port: ${await freePort('127.0.0.1')},`);
   }
   return lines.join('\n');
 }

@@ -93,10 +93,12 @@ export function stackYaml(
       );
       break;
     case 'legacy':
-      // Simple Agent's own whole-episode `/run`; no environment server.
+      // The two legacy entries: Simple Agent's own whole-episode `/run`, and the environment's
+      // flat-row adapter over the same agent.
       lines.push(
         ...common(options, 'weather', inferencePort),
         server('weather', { kind: 'resources', app: 'weather', port: 0 }),
+        environment('legacy_env', 'weather', 'single_agent_turn_legacy'),
       );
       break;
     case 'counter':

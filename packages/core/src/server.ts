@@ -3,7 +3,7 @@
  * control plane (only when checkpointing is enabled), JSON errors for everything, and a listener
  * that closes cleanly. A server package builds its routes between `createGymApp` and `finish`.
  */
-import type { Server } from 'node:http';
+import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import express, { type Express } from 'express';
@@ -92,17 +92,39 @@ export interface ListeningServer {
  */
 export const SERVER_KEEP_ALIVE_MS = KEEP_ALIVE_IDLE_MS + 50_000;
 
-/** Applies SERVER_KEEP_ALIVE_MS (and a headers timeout just above it) to a listening server. */
+/**
+ * The accept queue asked of the kernel (it clamps to `net.core.somaxconn`, 4096 on current
+ * kernels). A controller starting thousands of rollouts opens that many connections at once; with
+ * node's default of 511 the queue overflows, the kernel answers with SYN cookies, and a handshake
+ * it cannot complete in time is reset — an ECONNRESET on a call that is never retried.
+ */
+export const LISTEN_BACKLOG = 65_535;
+
+/**
+ * How long a server waits for a request's headers, counted from the accept: far beyond node's
+ * 60 s. Under a burst of thousands of rollouts a busy event loop reaches a connection late, and
+ * node's periodic check answers 408 before it reads bytes already waiting in the socket — a failed
+ * episode for a request that arrived in time. Gym servers sit on a trusted network; slow clients
+ * are not the threat here.
+ */
+export const SERVER_HEADERS_TIMEOUT_MS = 10 * 60_000;
+
+/**
+ * Applies SERVER_KEEP_ALIVE_MS and SERVER_HEADERS_TIMEOUT_MS to a server, and no overall request
+ * timeout (an episode's `/run` body is small, but a checkpoint body may be large and slow to come).
+ */
 export function keepIdleConnections(server: Server): void {
   server.keepAliveTimeout = SERVER_KEEP_ALIVE_MS;
-  server.headersTimeout = SERVER_KEEP_ALIVE_MS + 1_000;
+  server.headersTimeout = SERVER_HEADERS_TIMEOUT_MS;
+  server.requestTimeout = 0;
 }
 
 /** Listens on `host:port` (0 picks a free port) and resolves with the bound address. */
 export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<ListeningServer> {
   return new Promise((resolve, reject) => {
-    const server = app.listen(port, host);
+    const server = createServer(app);
     keepIdleConnections(server);
+    server.listen({ port, host, backlog: LISTEN_BACKLOG });
     server.once('error', reject);
     server.once('listening', () => {
       server.off('error', reject);

@@ -3,7 +3,7 @@
  * routes under `/_ctl/` that hold, gate and step calls and show what the backend saw.
  */
 import { once } from 'node:events';
-import type { Server } from 'node:http';
+import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import {
@@ -16,6 +16,7 @@ import {
   InvalidRequestError,
   errorMiddleware,
   keepIdleConnections,
+  LISTEN_BACKLOG,
   notFoundMiddleware,
   requestEpisode,
   requestSignal,
@@ -364,8 +365,9 @@ export async function startFakeInference(
 ): Promise<RunningFakeInference> {
   const { app, state } = createFakeInferenceApp(options);
   const host = options.host ?? '127.0.0.1';
-  const server = app.listen(options.port ?? 0, host);
+  const server = createServer(app);
   keepIdleConnections(server);
+  server.listen({ port: options.port ?? 0, host, backlog: LISTEN_BACKLOG });
   await once(server, 'listening');
   const { port } = server.address() as AddressInfo;
   const urlHost = host.includes(':') ? `[${host}]` : host;

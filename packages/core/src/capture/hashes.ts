@@ -235,9 +235,13 @@ export const FINGERPRINT_VERSION = 1;
 
 // --- Python-compatible JSON for the inventory digest -----------------------------------------
 
+const NON_ASCII = /[\u007f-\uffff]/;
+
 function pyString(text: string): string {
   // json.dumps(ensure_ascii=True): every non-ASCII code unit as \uXXXX.
-  return JSON.stringify(text).replace(
+  const json = JSON.stringify(text);
+  if (!NON_ASCII.test(json)) return json;
+  return json.replace(
     /[\u007f-\uffff]/g,
     (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
   );
@@ -260,9 +264,23 @@ export function pythonJson(value: unknown, floats: ReadonlySet<string>, key = ''
   if (typeof value === 'boolean') return value ? 'true' : 'false';
   if (typeof value === 'number') return floats.has(key) ? pyFloat(value) : String(value);
   if (typeof value === 'string') return pyString(value);
-  if (Array.isArray(value)) return `[${value.map((v) => pythonJson(v, floats, key)).join(',')}]`;
-  const entries = Object.entries(value as Record<string, unknown>).sort(([a], [b]) =>
-    a < b ? -1 : a > b ? 1 : 0,
-  );
-  return `{${entries.map(([k, v]) => `${pyString(k)}:${pythonJson(v, floats, k)}`).join(',')}}`;
+  // Loops and concatenation: inventories of thousands of calls are digested at every prepare.
+  if (Array.isArray(value)) {
+    let out = '[';
+    for (let i = 0; i < value.length; i++) {
+      if (i > 0) out += ',';
+      out += pythonJson(value[i], floats, key);
+    }
+    return `${out}]`;
+  }
+  const object = value as Record<string, unknown>;
+  // The default sort orders by UTF-16 code units, as `<` does.
+  const keys = Object.keys(object).sort();
+  let out = '{';
+  for (let i = 0; i < keys.length; i++) {
+    const k = keys[i]!;
+    if (i > 0) out += ',';
+    out += `${pyString(k)}:${pythonJson(object[k], floats, k)}`;
+  }
+  return `${out}}`;
 }

@@ -164,6 +164,10 @@ function latestPerRollout(episodes: readonly EpisodeId[]): EpisodeId[] {
   return [...latest.values()];
 }
 
+function elapsedMs(from: number, to: number): number {
+  return Math.round(to - from);
+}
+
 function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
@@ -377,6 +381,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       const bound = <T>(p: Promise<T>): Promise<T> =>
         withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
+      const startedAt = performance.now();
       let records: R[];
       try {
         records = await bound(work.exported.promise);
@@ -401,7 +406,9 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
           }),
         );
       }
+      const exportedAt = performance.now();
       const manifest = await bound(current.write.promise);
+      const writtenAt = performance.now();
 
       if (current.scopeKeys !== null) {
         const scopeKeys = current.scopeKeys;
@@ -436,6 +443,13 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       this.#phase = 'committed';
       this.#notifyWaiters();
       this.#recorded.set('commit', { checkpointId: id, args, reply });
+      this.#logger.info('checkpoint committed', {
+        checkpoint_id: id,
+        records: records.length,
+        export_ms: elapsedMs(startedAt, exportedAt),
+        write_ms: elapsedMs(exportedAt, writtenAt),
+        total_ms: elapsedMs(startedAt, performance.now()),
+      });
       return reply;
     });
   }
@@ -536,6 +550,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       let install: Kept<void> | null = null;
       let source: Manifest;
       let records: R[];
+      const startedAt = performance.now();
+      let readAt = startedAt;
       try {
         ({ manifest: source, records } = await bound(
           this.#storage.read<R>({
@@ -546,6 +562,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
             validate: (record, key) => this.participant.validateRecord(record, key),
           }),
         ));
+        readAt = performance.now();
         const earlierInstall = this.#install;
         if (earlierInstall) await bound(earlierInstall.settled());
         // Taking over: an earlier failed restore no longer reopens when its install ends.
@@ -576,6 +593,13 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         restored: records.map((r) => captureKey(nextAttempt(r.episode_id))).sort(),
       };
       this.#recorded.set('restore', { checkpointId: id, args, reply });
+      this.#logger.info('checkpoint restored', {
+        checkpoint_id: id,
+        source_checkpoint_id: source.checkpoint_id,
+        records: records.length,
+        read_ms: elapsedMs(startedAt, readAt),
+        install_ms: elapsedMs(readAt, performance.now()),
+      });
       return reply;
     });
   }

@@ -271,6 +271,37 @@ describe('generation-cut wire models', () => {
       /invalid_receipt/,
     );
   });
+
+  it('a receipt that does not echo the inventory sent is refused', () => {
+    const inventory = buildInventory('ck-1', 'policy', prefixes);
+    const receiptEchoing = (echo: typeof inventory) => ({
+      checkpoint_id: 'ck-1',
+      cut_id: 'cut',
+      inventory_digest: inventory.inventory_digest,
+      inventory: echo,
+      backend_snapshot_id: 'store',
+      prefixes: prefixes.map((p) => ({ ...p, disposition: 'durable_failure' })),
+    });
+    const [first, second] = inventory.active_prefixes as [
+      (typeof prefixes)[number],
+      (typeof prefixes)[number],
+    ];
+    expect(validateReceiptFor(receiptEchoing({ ...inventory }), inventory).cut_id).toBe('cut');
+    const wrongEchoes = [
+      { ...inventory, server_name: 'other-policy' },
+      { ...inventory, checkpoint_id: 'ck-2' },
+      { ...inventory, inventory_digest: 'f'.repeat(64) },
+      { ...inventory, active_prefixes: [first] },
+      { ...inventory, active_prefixes: [second, first] },
+      { ...inventory, active_prefixes: [first, { ...second, admitted_at: 1 }] },
+      { ...inventory, active_prefixes: [first, { ...second, model_call_id: 'other' }] },
+    ];
+    for (const echo of wrongEchoes) {
+      expect(() => validateReceiptFor(receiptEchoing(echo), inventory)).toThrow(
+        /does not echo the inventory/,
+      );
+    }
+  });
 });
 
 describe('rebuild', () => {
