@@ -6,6 +6,8 @@
 //
 //   npm run build -w @ckpt-gym/core && node bench/store.mjs [--records 1000] [--size 350] [--special]
 //
+// Many small records, as a whole stack's rollouts in flight give (SPEC §7: 8,000 of ~2 KB):
+// `--records 8000 --size 2`. There the cost per record, not per byte, decides.
 // --special puts a NaN and a bigint in every record, which takes the codec's exact (slower) path.
 // Prints a table (wall and CPU seconds) and writes bench/results/store.json. Reads hit the page
 // cache (the file was just written), as a restore right after a commit would; a restore after a

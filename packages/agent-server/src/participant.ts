@@ -108,6 +108,8 @@ class Session {
   retiring: Promise<void> | null = null;
   /** Set when a legacy `/run` owns the session: its protocol boundary lives in EpisodeSteps. */
   legacy = false;
+  /** The mark of the latest export scope that named this attempt (see `markScope`). */
+  scopeMark = 0;
 
   constructor(
     readonly key: string,
@@ -583,28 +585,32 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     scope: readonly EpisodeId[] | null,
     signal: AbortSignal,
   ): Promise<AgentSessionRecord[]> {
-    const inScope = scope === null ? null : new Set(scope.map(captureKey));
+    const mark = scope === null ? null : this.markScope(scope);
     const legacy = this.steps.exported();
     const chosen: Session[] = [];
     for (const s of this.sessions.values()) {
       if (s.retired || s.closing || this.isCarried(s.episode)) continue;
-      if (inScope && !inScope.has(captureKey(s.episode))) continue;
+      if (mark !== null && s.scopeMark !== mark) continue;
       if (s.legacy && !legacy.has(s.key) && !s.restoredPending) continue;
       chosen.push(s);
     }
     if (chosen.length === 0) return [];
     const exported = await this.hooks.exportAgentSessions(chosen.map((s) => s.key));
     signal.throwIfAborted();
-    const missing = chosen.filter((s) => !exported.has(s.key)).map((s) => s.key);
+    const states = chosen.map((s) => exported.get(s.key));
+    const missing = chosen.filter((s, i) => states[i] === undefined && !exported.has(s.key));
     if (missing.length > 0) {
       throw new CheckpointError(
-        `the agent did not export sessions [${missing.slice(0, 10).join(', ')}]`,
+        `the agent did not export sessions [${missing
+          .slice(0, 10)
+          .map((s) => s.key)
+          .join(', ')}]`,
       );
     }
-    return chosen.map((s) => ({
+    return chosen.map((s, i) => ({
       episode_id: s.episode,
       session_key: s.key,
-      session: exported.get(s.key)!,
+      session: states[i]!,
       // At a boundary: its builder; otherwise a restored boundary nothing continued yet.
       boundary: s.state === 'at_boundary' && s.boundary ? s.boundary() : s.continuation,
       episode: s.legacy
@@ -612,6 +618,22 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
           (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
         : null,
     }));
+  }
+
+  private scopeMarks = 0;
+
+  /**
+   * Marks the sessions of the scope's attempts with a fresh mark: one lookup per scope entry in
+   * the rollout index, so a scope of thousands builds no capture key string or set per export.
+   */
+  private markScope(scope: readonly EpisodeId[]): number {
+    const mark = ++this.scopeMarks;
+    for (const e of scope) {
+      for (const s of this.sessionsByRollout.view(e.rollout_id)) {
+        if (s.episode.attempt === e.attempt) s.scopeMark = mark;
+      }
+    }
+    return mark;
   }
 
   validateRecord(record: JsonObject, key: string): AgentSessionRecord {
@@ -643,15 +665,14 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (this.sessions.size > 0 || this.steps.size > 0) {
       throw new CheckpointError('a restore needs an agent server without live sessions');
     }
-    await this.hooks.restoreAgentSessions(
-      records.map((r) => ({
-        sessionKey: r.session_key,
-        episode: nextAttempt(r.episode_id),
-        session: r.session,
-      })),
-    );
-    for (const r of records) {
-      const s = new Session(r.session_key, nextAttempt(r.episode_id));
+    const restored = records.map((r) => ({
+      sessionKey: r.session_key,
+      episode: nextAttempt(r.episode_id),
+      session: r.session,
+    }));
+    await this.hooks.restoreAgentSessions(restored);
+    for (const [i, r] of records.entries()) {
+      const s = new Session(r.session_key, restored[i]!.episode);
       s.restoredPending = true;
       s.continuation = r.boundary;
       if (r.session_key.startsWith('run:')) {

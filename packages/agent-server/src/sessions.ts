@@ -132,26 +132,37 @@ export function parseDirectHttpAccess(access: JsonObject): DirectHttpToolAccess 
   };
 }
 
-/** Items grouped by rollout; an entry leaves with the last item of its rollout. */
+const NO_ITEMS: readonly never[] = [];
+
+/**
+ * Items grouped by rollout; an entry leaves with the last item of its rollout. A rollout holds one
+ * item or a few, so a small array (no Set per rollout) keeps a restore of thousands cheap.
+ */
 export class RolloutIndex<T> {
-  private readonly byRollout = new Map<string, Set<T>>();
+  private readonly byRollout = new Map<string, T[]>();
 
   add(rolloutId: string, item: T): void {
-    let items = this.byRollout.get(rolloutId);
-    if (!items) this.byRollout.set(rolloutId, (items = new Set()));
-    items.add(item);
+    const items = this.byRollout.get(rolloutId);
+    if (!items) this.byRollout.set(rolloutId, [item]);
+    else if (!items.includes(item)) items.push(item);
   }
 
   delete(rolloutId: string, item: T): void {
     const items = this.byRollout.get(rolloutId);
-    if (!items) return;
-    items.delete(item);
-    if (items.size === 0) this.byRollout.delete(rolloutId);
+    const at = items ? items.indexOf(item) : -1;
+    if (!items || at < 0) return;
+    items.splice(at, 1);
+    if (items.length === 0) this.byRollout.delete(rolloutId);
+  }
+
+  /** The rollout's items themselves: read them only while nothing changes the index. */
+  view(rolloutId: string): readonly T[] {
+    return this.byRollout.get(rolloutId) ?? NO_ITEMS;
   }
 
   /** A snapshot of the rollout's items (safe to change the index while iterating it). */
   of(rolloutId: string): T[] {
-    return [...(this.byRollout.get(rolloutId) ?? [])];
+    return this.byRollout.get(rolloutId)?.slice() ?? [];
   }
 
   has(rolloutId: string): boolean {

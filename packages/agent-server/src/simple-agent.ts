@@ -396,7 +396,8 @@ export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): Jso
   };
 }
 
-function seedState(request: AgentSeedRequest): SimpleSessionState {
+/** The seed's one direct HTTP grant (or none); what Simple Agent cannot serve is refused. */
+function seedToolAccess(request: AgentSeedRequest): DirectHttpToolAccess | null {
   if (request.sandbox_access !== null) {
     throw new InvalidRequestError('Simple Agent does not support sandbox_access');
   }
@@ -407,7 +408,11 @@ function seedState(request: AgentSeedRequest): SimpleSessionState {
   if (direct.length > 1) {
     throw new InvalidRequestError('Simple Agent supports at most one direct HTTP tool access');
   }
-  const access = direct[0] ? parseDirectHttpAccess(direct[0]) : null;
+  return direct[0] ? parseDirectHttpAccess(direct[0]) : null;
+}
+
+function seedState(request: AgentSeedRequest): SimpleSessionState {
+  const access = seedToolAccess(request);
   return {
     toolAccess: access,
     resourcesCookies: access ? { ...access.cookies } : null,
@@ -415,25 +420,48 @@ function seedState(request: AgentSeedRequest): SimpleSessionState {
   };
 }
 
+/**
+ * A restored session. Its fingerprint is encoded only if a seed retry asks (most restored sessions
+ * are never compared), and a class keeps the getter off each instance.
+ */
+class RestoredEntry implements AgentSessionEntry<SimpleSessionState> {
+  closing = false;
+  #fingerprint: string | undefined;
+
+  constructor(
+    readonly id: string,
+    readonly request: AgentSeedRequest,
+    public episode: EpisodeId,
+    public activations: number,
+    public completedActivation: number,
+    public completedReply: StoredReply | null,
+    public state: SimpleSessionState,
+  ) {}
+
+  get fingerprint(): string {
+    return (this.#fingerprint ??= seedFingerprint(this.request));
+  }
+}
+
 function restoreEntry(r: RestoredAgentSession): AgentSessionEntry<SimpleSessionState> {
   const s = r.session as Record<string, JsonValue>;
   if (!isObject(s.request))
     throw new CheckpointError(`restored session ${r.sessionKey} has no seed request`);
   const request = { ...(s.request as unknown as AgentSeedRequest), episode_id: r.episode };
-  const state = seedState(request);
-  state.resourcesCookies = (s.resources_cookies ?? null) as Record<string, string> | null;
-  state.observations = (s.observations ?? []) as JsonObject[];
-  return {
-    id: r.sessionKey,
-    request,
-    fingerprint: seedFingerprint(request),
-    episode: r.episode,
-    activations: Number(s.activations ?? 0),
-    completedActivation: Number(s.completed_activation ?? 0),
-    completedReply: (s.completed_reply ?? null) as StoredReply | null,
-    closing: false,
-    state,
+  const state: SimpleSessionState = {
+    toolAccess: seedToolAccess(request),
+    resourcesCookies: (s.resources_cookies ?? null) as Record<string, string> | null,
+    observations: (s.observations ?? []) as JsonObject[],
   };
+  return new RestoredEntry(
+    r.sessionKey,
+    request,
+    r.episode,
+    Number(s.activations ?? 0),
+    Number(s.completed_activation ?? 0),
+    (s.completed_reply ?? null) as StoredReply | null,
+    state,
+  );
 }
 
 export class SimpleAgent implements Agent<SimpleSessionState> {

@@ -12,6 +12,7 @@ import {
   startAgent,
   startStack,
   until,
+  weatherAccess,
 } from './support/harness.js';
 
 let h: Harness;
@@ -67,6 +68,19 @@ describe('agent participant: activations under checkpointing', () => {
     const reply = await activate(next, { id: 'sess-1', cookie }, null, 1);
     expect(errorCode(reply)).toBe('rollout_id_required');
     expect(h.model.calls).toHaveLength(calls);
+    expect(next.agent.participant!.restoredPending()).toEqual([ep('r1', 1)]);
+  });
+
+  test('a seed retried for a restored session is compared with its restored seed body', async () => {
+    h = await startStack();
+    const { next, cookie } = await checkpointInFirstModelCall();
+    // The restored body: the original seed under the replacement attempt.
+    const tools = [weatherAccess(h.resources.url, 'r1')];
+    const same = await seed(next, 'sess-1', 'r1', { attempt: 1, tools });
+    expect(same.reply.status).toBe(200);
+    expect(same.cookie).toBe(cookie);
+    const other = await seed(next, 'sess-1', 'r1', { attempt: 1, tools: [] });
+    expect(other.reply.status).toBe(409);
     expect(next.agent.participant!.restoredPending()).toEqual([ep('r1', 1)]);
   });
 
@@ -327,6 +341,27 @@ describe('agent participant: activations under checkpointing', () => {
     await resume(next, 'c2');
     expect(next.agent.sessions.get('sess-1')).toBeUndefined();
     expect(next.agent.participant!.restoredPending()).toEqual([]);
+  });
+
+  test('a commit scope matches a restored session by attempt, not by rollout alone', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    await activate(h, s, 'r1', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1')]);
+    const next = await freshProcess();
+    await restore(next, 'c1', [ep('r1')]);
+    await resume(next, 'c1');
+    await prepare(next, 'c2');
+    // The replaced attempt r1 names the rollout, but not the session's attempt r1-a1.
+    expect(await commit(next, 'c2', [ep('r1'), ep('r1', 2)])).toEqual([]);
+    await resume(next, 'c2');
+    const again = await freshProcess();
+    await restore(again, 'c1', [ep('r1')]);
+    await resume(again, 'c1');
+    await prepare(again, 'c3');
+    expect(await commit(again, 'c3', [ep('r1'), ep('r1', 1)])).toEqual(['r1-a1']);
+    await resume(again, 'c3');
   });
 
   test('a commit does not export live sessions outside its scope', async () => {

@@ -9,6 +9,7 @@
 import {
   decodeJson,
   encodeJson,
+  encodeJsonWithin,
   JsonDecodeError,
   JsonEncodeError,
   jsonKeys,
@@ -23,17 +24,24 @@ export interface TextSink {
 
 /** Containers shallower than this are written child by child; deeper ones in one codec call. */
 const ENCODE_SPLIT_DEPTH = 4;
+/**
+ * A container whose text is at most about this long is written in one codec call: a record of a
+ * few KB is one piece, not one per member (the text may be a few times this where strings need
+ * escapes, still far below a large-object allocation).
+ */
+const WHOLE_CHARS = 1 << 13;
 /** Characters of a long string escaped per piece. */
 const STRING_PIECE_CHARS = 1 << 15;
 
 /**
  * Writes `encodeJson(value)` to `out` in pieces. A value the codec cannot write throws its
- * `JsonEncodeError`, with the path measured from `value`.
+ * `JsonEncodeError`, with the path measured from `value`. `wholeChars` is `WHOLE_CHARS` except
+ * in tests.
  */
-export function encodeJsonPieces(value: unknown, out: TextSink): void {
+export function encodeJsonPieces(value: unknown, out: TextSink, wholeChars = WHOLE_CHARS): void {
   const path: (string | number)[] = [];
   try {
-    encodeValue(value, 0, path, out);
+    encodeValue(value, 0, path, out, wholeChars);
   } catch (err) {
     if (!(err instanceof JsonEncodeError) || path.length === 0) throw err;
     // The codec saw only the piece at `path`: re-root its path at `value`.
@@ -53,10 +61,18 @@ function encodeValue(
   depth: number,
   path: (string | number)[],
   out: TextSink,
+  wholeChars: number,
 ): void {
   if (typeof value === 'string') {
     encodeString(value, out);
-  } else if (depth < ENCODE_SPLIT_DEPTH && Array.isArray(value)) {
+    return;
+  }
+  const splittable = depth < ENCODE_SPLIT_DEPTH && (Array.isArray(value) || isPlainObject(value));
+  // Also what refuses anything that is not JSON.
+  const whole = splittable ? encodeJsonWithin(value, wholeChars) : encodeJson(value);
+  if (whole !== undefined) {
+    out.put(whole);
+  } else if (Array.isArray(value)) {
     out.put('[');
     for (let i = 0; i < value.length;) {
       if (i > 0) out.put(',');
@@ -68,24 +84,23 @@ function encodeValue(
         continue;
       }
       path.push(i);
-      encodeValue(value[i], depth + 1, path, out);
+      encodeValue(value[i], depth + 1, path, out, wholeChars);
       path.pop();
       i += 1;
     }
     out.put(']');
-  } else if (depth < ENCODE_SPLIT_DEPTH && isPlainObject(value)) {
+  } else {
+    const object = value as Record<string, unknown>; // only a plain object is left unwritten here
     out.put('{');
-    const keys = jsonKeys(value);
+    const keys = jsonKeys(object);
     for (let i = 0; i < keys.length; i++) {
       const key = keys[i] as string;
       out.put(`${i > 0 ? ',' : ''}${JSON.stringify(key)}:`);
       path.push(key);
-      encodeValue(value[key], depth + 1, path, out);
+      encodeValue(object[key], depth + 1, path, out, wholeChars);
       path.pop();
     }
     out.put('}');
-  } else {
-    out.put(encodeJson(value)); // also what refuses anything that is not JSON
   }
 }
 

@@ -83,9 +83,25 @@ const NATIVE_DEPTH = 1000;
 
 /** Encodes `value` as compact JSON, faithfully. Throws `JsonEncodeError` naming the bad value's path. */
 export function encodeJson(value: unknown): string {
-  const special = scan(value);
+  return encodeScanned(value, scan(value, Infinity) as Set<object> | null); // never TOO_LONG
+}
+
+/**
+ * `encodeJson(value)`, or undefined without building any text when the text would be longer than
+ * `maxChars` (by a lower bound: a character per value plus the strings' and keys' lengths, so the
+ * text may come out up to ~6 times longer where strings need escapes). Throws as `encodeJson`
+ * for a bad value met before the bound is passed.
+ */
+export function encodeJsonWithin(value: unknown, maxChars: number): string | undefined {
+  const special = scan(value, maxChars);
+  return special === TOO_LONG ? undefined : encodeScanned(value, special);
+}
+
+function encodeScanned(value: unknown, special: Set<object> | null): string {
   return special === null ? (JSON.stringify(value) as string) : encodeSlow(value, special);
 }
+
+const TOO_LONG = Symbol('too long');
 
 interface ScanFrame {
   node: object;
@@ -106,10 +122,12 @@ function isSpecialNumber(n: number): boolean {
  * Checks that `root` is plain JSON, throwing `JsonEncodeError` otherwise. Returns null when
  * `JSON.stringify(root)` is exact; else the set of containers that `JSON.stringify` cannot write:
  * those holding a special number or bigint, a recorded key order, or nesting beyond NATIVE_DEPTH.
+ * Stops with TOO_LONG once the text's lower bound (see encodeJsonWithin) passes `budget`.
  */
-function scan(root: unknown): Set<object> | null {
+function scan(root: unknown, budget: number): Set<object> | null | typeof TOO_LONG {
   const stack: ScanFrame[] = [];
   let special: Set<object> | null = null;
+  let chars = 0;
   // Cycles are only looked for once the walk gets deep, since a cycle always gets it there.
   let ancestors: Set<object> | null = null;
 
@@ -125,8 +143,11 @@ function scan(root: unknown): Set<object> | null {
 
   let value = root;
   for (;;) {
+    if (++chars > budget) return TOO_LONG;
     switch (typeof value) {
       case 'string':
+        if ((chars += value.length) > budget) return TOO_LONG;
+        break;
       case 'boolean':
         break;
       case 'number':
@@ -177,7 +198,9 @@ function scan(root: unknown): Set<object> | null {
           break;
         }
       } else if (top.next < top.keys.length) {
-        value = (top.node as Record<string, unknown>)[top.keys[top.next++]!];
+        const key = top.keys[top.next++]!;
+        chars += key.length;
+        value = (top.node as Record<string, unknown>)[key];
         break;
       }
       stack.pop();

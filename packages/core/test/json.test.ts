@@ -5,6 +5,7 @@ import fc from 'fast-check';
 import {
   decodeJson,
   encodeJson,
+  encodeJsonWithin,
   JSON_KEY_ORDER,
   JsonDecodeError,
   JsonEncodeError,
@@ -90,6 +91,31 @@ describe('special numbers', () => {
     ]);
   });
 
+  test.each([
+    ['at the start', '9007199254740993', 9007199254740993n],
+    ['negative', '-9007199254740993', -9007199254740993n],
+    ['after [', '[9007199254740993]', [9007199254740993n]],
+    ['after ,', '[1,9007199254740993]', [1, 9007199254740993n]],
+    ['after :', '{"a":9007199254740993}', { a: 9007199254740993n }],
+    ['after a space', '[ 9007199254740993 ]', [9007199254740993n]],
+    ['after a newline', '[\n9007199254740993]', [9007199254740993n]],
+    ['after a tab', '[\t9007199254740993]', [9007199254740993n]],
+    ['after a carriage return', '[\r9007199254740993]', [9007199254740993n]],
+    ['with many digits', '[-123456789012345678901234567890]', [-123456789012345678901234567890n]],
+  ])('a big integer literal is read as a bigint wherever it stands: %s', (_where, text, value) => {
+    expect(decodeJson(text)).toEqual(value);
+  });
+
+  test('digits inside strings, fractions and exponents leave numbers and strings as they are', () => {
+    const text =
+      '{"id":"session-18662876171143309490dc","t":0.12345678901234567,"e":1e-12345678901234567,"n":-0}';
+    const decoded = asObject(decodeJson(text));
+    expect(decoded.id).toBe('session-18662876171143309490dc');
+    expect(decoded.t).toBe(Number('0.12345678901234567'));
+    expect(decoded.e).toBe(0);
+    expect(Object.is(decoded.n, -0)).toBe(true);
+  });
+
   test('float literals with many digits stay numbers', () => {
     const literals = ['0.12345678901234567', '12345678901234567890.5', '1.5e300'];
     expect(decodeJson(`[${literals.join(', ')}]`)).toEqual(literals.map(Number));
@@ -133,6 +159,11 @@ describe('key order', () => {
 
   test('an escaped digit key is ordered like a plain one', () => {
     expect(encodeJson(decodeJson('{"b":1,"\\u0031":2}'))).toBe('{"b":1,"1":2}');
+    expect(encodeJson(decodeJson('{"b":1,"1\\u0032":2}'))).toBe('{"b":1,"12":2}');
+  });
+
+  test('a digit key followed by whitespace before its colon keeps its place', () => {
+    expect(encodeJson(decodeJson('{"b":1, "2"\n :2,"1"\t: 3}'))).toBe('{"b":1,"2":2,"1":3}');
   });
 
   test('a duplicate key keeps the last value at its first position, as JSON.parse does', () => {
@@ -490,6 +521,36 @@ function matches(node: Tree, value: JsonValue): boolean {
     node.entries.every(([key, item], i) => keys[i] === key && matches(item, value[key]!))
   );
 }
+
+describe('encoding within a length', () => {
+  test('property: the text is encodeJson, and is given whenever it fits the length', () => {
+    fc.assert(
+      fc.property(tree, fc.nat(120), (node, maxChars) => {
+        const value = toValue(node);
+        const text = encodeJson(value);
+        const within = encodeJsonWithin(value, maxChars);
+        if (text.length <= maxChars) expect(within).toBe(text);
+        else if (within !== undefined) expect(within).toBe(text);
+      }),
+    );
+  });
+
+  test.each([
+    ['a long string', { a: 'x'.repeat(100) }],
+    ['long keys', { ['k'.repeat(60)]: 1, ['j'.repeat(60)]: 2 }],
+    ['many numbers', Array.from({ length: 120 }, () => 0)],
+    ['special numbers', [NaN, ...Array.from({ length: 120 }, () => -0)]],
+  ])('a value whose text is clearly longer gives no text: %s', (_what, value) => {
+    expect(encodeJsonWithin(value, 100)).toBeUndefined();
+    expect(encodeJsonWithin(value, 10_000)).toBe(encodeJson(value));
+  });
+
+  test('a value the codec cannot write is refused as encodeJson refuses it', () => {
+    expect(() => encodeJsonWithin({ a: [1, new Date(0)] }, 1000)).toThrow(
+      new JsonEncodeError('a Date', '$.a[1]'),
+    );
+  });
+});
 
 describe('properties', () => {
   test('arbitrary values round-trip through encode, decode, encode with identical text', () => {

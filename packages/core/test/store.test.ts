@@ -770,9 +770,9 @@ describe('reading', () => {
 });
 
 describe('JSON in pieces', () => {
-  const pieces = (value: unknown) => {
+  const pieces = (value: unknown, wholeChars?: number) => {
     const parts: string[] = [];
-    encodeJsonPieces(value, { put: (text) => parts.push(text) });
+    encodeJsonPieces(value, { put: (text) => parts.push(text) }, wholeChars);
     return parts;
   };
   /** What decoding gives, compared through the codec (exact for NaN, -0, key order), or the failure. */
@@ -791,6 +791,34 @@ describe('JSON in pieces', () => {
       }),
       { numRuns: 300 },
     );
+  });
+
+  test('property: the pieces are exactly encodeJson whatever size is written whole', () => {
+    fc.assert(
+      fc.property(jsonish, fc.constantFrom(0, 1, 8, 40), (value, wholeChars) => {
+        expect(pieces(value, wholeChars).join('')).toBe(encodeJson(value));
+      }),
+      { numRuns: 300 },
+    );
+  });
+
+  test('a record of a few KB is written as one piece, not one per member', () => {
+    const message = (i: number) => ({ role: 'user', content: `turn ${i} `.repeat(20), n: [i, -0] });
+    const value = {
+      episode_id: { rollout_id: 'r', attempt: 0 },
+      session: { messages: [0, 1, 2].map(message) },
+    };
+    expect(encodeJson(value).length).toBeGreaterThan(500);
+    expect(pieces(value)).toEqual([encodeJson(value)]);
+    // Below its size the same record is split (the behaviour large records keep).
+    expect(pieces(value, 100).length).toBeGreaterThan(1);
+    expect(pieces(value, 100).join('')).toBe(encodeJson(value));
+  });
+
+  test('a value the codec refuses inside a split piece is named by its full path', () => {
+    const bad = { a: { b: [1, { c: { d: { e: [0, new Map()] } } }] } };
+    expect(() => pieces(bad, 0)).toThrow(/Map at \$\.a\.b\[1\]\.c\.d\.e\[1\]$/);
+    expect(() => pieces(bad)).toThrow(/Map at \$\.a\.b\[1\]\.c\.d\.e\[1\]$/);
   });
 
   test('no piece is longer than a string piece, however long the strings', () => {

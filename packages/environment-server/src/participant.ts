@@ -17,6 +17,7 @@ import {
   type EpisodeContext,
   type EpisodeId,
   episodeIdFromJson,
+  episodeIdToJson,
   EpisodeSteps,
   type JsonObject,
   type JsonValue,
@@ -92,6 +93,19 @@ export function taskDigest(task: JsonObject): string {
 
 // --- the participant -------------------------------------------------------------------------
 
+const RECORD_KEYS = new Set(['episode_id', 'task_digest', 'boundary']);
+
+function unknownRecordKeys(record: JsonObject): string[] {
+  const extra: string[] = [];
+  for (const key of Object.keys(record)) if (!RECORD_KEYS.has(key)) extra.push(key);
+  return extra;
+}
+
+/** A record under `episode`, built field by field (a spread of thousands costs more). */
+function copyRecord(record: EnvironmentRecord, episode: EpisodeId): EnvironmentRecord {
+  return { episode_id: episode, task_digest: record.task_digest, boundary: record.boundary };
+}
+
 export interface EpisodeRunOptions {
   deadlineSeconds?: number | null;
   /** The protocol records no boundaries: the episode is a restart from the start. */
@@ -104,7 +118,8 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
   readonly steps: EpisodeSteps;
   /** Unclaimed restored episodes by replacement capture key; records name the replacement. */
   private readonly restored = new Map<string, EnvironmentRecord>();
-  private readonly digests = new Map<string, string>();
+  /** Live episodes' task digests (with their attempt, so an export parses no capture key). */
+  private readonly digests = new Map<string, { episode: EpisodeId; digest: string }>();
   /** Set by a restore: replacements wait for the controller's resume. */
   private awaitingResume = false;
   private carriedRestarts: ReadonlySet<string> = new Set();
@@ -159,7 +174,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
       async (ep) => {
         // Claimed only now: the restored record stays until a replacement actually starts.
         this.restored.delete(key);
-        this.digests.set(key, digest);
+        this.digests.set(key, { episode: episodeIdToJson(episode), digest });
         try {
           return await work(ep);
         } finally {
@@ -202,21 +217,21 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     for (const [key, boundary] of this.steps.exported()) {
       if (inScope !== null && !inScope.has(key)) continue;
       if (this.carriedRestarts.has(key)) continue;
-      const digest = this.digests.get(key);
-      if (digest === undefined) continue;
-      records.push({ episode_id: parseCaptureKey(key), task_digest: digest, boundary });
+      const live = this.digests.get(key);
+      if (live === undefined) continue;
+      records.push({ episode_id: live.episode, task_digest: live.digest, boundary });
     }
     for (const [key, record] of this.restored) {
-      if (inScope === null || inScope.has(key)) records.push({ ...record });
+      if (inScope === null || inScope.has(key)) records.push(copyRecord(record, record.episode_id));
     }
     return Promise.resolve(records);
   }
 
   validateRecord(record: JsonObject, key: string): EnvironmentRecord {
-    const { episode_id, task_digest, boundary, ...extra } = record;
+    const { episode_id, task_digest, boundary } = record;
     const problems: string[] = [];
-    if (Object.keys(extra).length > 0)
-      problems.push(`unknown keys ${Object.keys(extra).join(', ')}`);
+    const extra = unknownRecordKeys(record);
+    if (extra.length > 0) problems.push(`unknown keys ${extra.join(', ')}`);
     if (typeof task_digest !== 'string' || !SHA256_HEX.test(task_digest)) {
       problems.push('task_digest must be a sha256 hex digest');
     }
@@ -248,14 +263,14 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     this.checkRestore();
     for (const record of records) {
       const replacement = nextAttempt(record.episode_id);
-      this.restored.set(captureKey(replacement), { ...record, episode_id: replacement });
+      this.restored.set(captureKey(replacement), copyRecord(record, replacement));
     }
     this.awaitingResume = true;
     return Promise.resolve();
   }
 
   restoredPending(): EpisodeId[] {
-    return [...this.restored.keys()].map(parseCaptureKey);
+    return [...this.restored.values()].map((r) => r.episode_id);
   }
 
   /** Frees the restored record only: the controller may still start that attempt over. */
@@ -266,19 +281,37 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
 
   /** Stops every covered live attempt and waits for it to end (cleanup included); frees records. */
   async retire(episode: EpisodeId): Promise<void> {
-    const live = [...this.steps.keys()].filter((key) => covers(episode, parseCaptureKey(key)));
+    const live = this.coveredKeys(episode).filter((key) => this.steps.has(key));
     await Promise.all(live.map((key) => this.steps.retire(key)));
-    for (const key of [...this.restored.keys()]) {
-      if (covers(episode, parseCaptureKey(key))) this.restored.delete(key);
+    for (const key of this.coveredKeys(episode)) this.restored.delete(key);
+  }
+
+  /**
+   * Tracked keys (live or restored) of the attempts `episode` covers. A controller retires
+   * thousands of rollouts one by one, so this looks up the covered attempts' keys (usually one or
+   * two) instead of scanning every episode, unless there are more attempts than episodes.
+   */
+  private coveredKeys(episode: EpisodeId): string[] {
+    const tracked = (key: string) => this.steps.has(key) || this.restored.has(key);
+    if (episode.attempt < this.steps.size + this.restored.size) {
+      const keys: string[] = [];
+      for (let attempt = 0; attempt <= episode.attempt; attempt += 1) {
+        const key = captureKey({ rollout_id: episode.rollout_id, attempt });
+        if (tracked(key)) keys.push(key);
+      }
+      return keys;
     }
+    const all = new Set([...this.steps.keys(), ...this.restored.keys()]);
+    return [...all].filter((key) => covers(episode, parseCaptureKey(key)));
   }
 
   /** A rollout whose retired attempt is still running (a retire cut short) keeps its mark. */
   override checkForget(rolloutIds: readonly string[]): void {
     const ids = new Set(rolloutIds);
     for (const key of this.steps.keys()) {
+      if (!this.steps.state(key)?.retired) continue;
       const episode = parseCaptureKey(key);
-      if (ids.has(episode.rollout_id) && this.steps.state(key)?.retired) {
+      if (ids.has(episode.rollout_id)) {
         throw new RetireIncompleteError(
           `rollout '${episode.rollout_id}' still has a retired episode running (${key}); retire again first`,
         );

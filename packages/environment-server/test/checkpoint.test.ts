@@ -519,6 +519,38 @@ describe('restore', () => {
   });
 });
 
+describe('retire of restored records', () => {
+  const record = (rollout_id: string, attempt: number) => ({
+    episode_id: { rollout_id, attempt },
+    task_digest: 'a'.repeat(64),
+    boundary: null,
+  });
+
+  it('frees the restored records of exactly the covered attempts, looked up or scanned', async () => {
+    const participant = new EnvironmentParticipant('env');
+    // Replacements r1-a1, r1-a3, r2-a1 and r10-a1 (r10 must not match r1).
+    await participant.install([
+      record('r1', 0),
+      record('r1', 2),
+      record('r2', 0),
+      record('r10', 0),
+    ]);
+    const pending = () =>
+      participant
+        .restoredPending()
+        .map((e) => `${e.rollout_id}@${e.attempt}`)
+        .sort();
+    // Looked up attempt by attempt (fewer attempts than tracked records): r1-a3 is not covered.
+    await participant.retire({ rollout_id: 'r1', attempt: 2 });
+    expect(pending()).toEqual(['r10@1', 'r1@3', 'r2@1']);
+    // An attempt beyond the number of tracked records takes the scan.
+    await participant.retire({ rollout_id: 'r1', attempt: 1_000_000 });
+    expect(pending()).toEqual(['r10@1', 'r2@1']);
+    await participant.retire({ rollout_id: 'r2', attempt: 0 });
+    expect(pending()).toEqual(['r10@1', 'r2@1']);
+  });
+});
+
 describe('restarts', () => {
   async function restartIsReported(x: Harness) {
     x.agent.on('/v1/responses', { gate: new Gate() });
