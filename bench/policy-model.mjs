@@ -1,4 +1,4 @@
-/* global console, fetch, performance, process */
+/* global AbortController, console, fetch, performance, process */
 // Policy model benchmark.
 //
 // 1. Throughput and latency of chat completions through the policy model proxy against the fake
@@ -11,10 +11,15 @@
 //    every later one (5 of the 6 files). Reported twice: the listing indexed by rollout (what the
 //    Python implementation's 0.23 s measures: it replaced a rescan per rollout), and the whole
 //    import with its per-rollout locks, 80k unlinks and one directory sync.
+// 3. Ledger commit and restore at scale (SPEC §7: each ≤ 0.5 s for the whole stack): a capture
+//    directory as a run leaves it (per rollout an attempt-1 ledger of 2 delivered rows, its started
+//    marker and the attempt-0 fence; 8k rollouts by default), then the model participant's export
+//    of attempt 1 of every rollout and its install of a checkpoint of attempt 0 (import under
+//    attempt 1, deleting what the dead execution left, and retire of attempt 0).
 // Throughput rows are medians of 3 interleaved rounds; compare ratios, which one run measures.
 //
 //   npm run build && node bench/policy-model.mjs [--requests 3000] [--concurrency 32]
-//     [--rollouts 16000]
+//     [--rollouts 16000] [--ledger-rollouts 8000] [--ledger-only]
 //
 // Prints a table and writes bench/results/policy-model.json.
 import { spawn } from 'node:child_process';
@@ -26,7 +31,7 @@ import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { CaptureLedger } from '@ckpt-gym/policy-model-server';
+import { CaptureLedger, PolicyParticipant } from '@ckpt-gym/policy-model-server';
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const { values: flags } = parseArgs({
@@ -34,11 +39,14 @@ const { values: flags } = parseArgs({
     requests: { type: 'string', default: '3000' },
     concurrency: { type: 'string', default: '32' },
     rollouts: { type: 'string', default: '16000' },
+    'ledger-rollouts': { type: 'string', default: '8000' },
+    'ledger-only': { type: 'boolean', default: false },
   },
 });
 const REQUESTS = Number(flags.requests);
 const CONCURRENCY = Number(flags.concurrency);
 const ROLLOUTS = Number(flags.rollouts);
+const LEDGER_ROLLOUTS = Number(flags['ledger-rollouts']);
 const FILES_PER_ROLLOUT = 6;
 const WARMUP = 200;
 const ROUNDS = 3;
@@ -186,6 +194,81 @@ async function cleanupBench(dir) {
   };
 }
 
+/** A delivered row shaped like the policy server's (about 1.1 kB encoded). */
+function ledgerRow(rolloutId, call) {
+  const hex = (seed) => `${seed}`.padEnd(64, 'f').slice(0, 64);
+  const id = `${rolloutId}-call-${call}`;
+  return {
+    model_call_id: id,
+    capture_key: rolloutId,
+    parent_call_id: call === 0 ? null : `${rolloutId}-call-${call - 1}`,
+    prev_len: call * 19,
+    delta_len: 19,
+    cum_len: (call + 1) * 19,
+    weight_version: 7,
+    digest: hex(`d${call}${rolloutId}`),
+    extras_digest: hex('e'),
+    staging_key: `${rolloutId}/${id}`,
+    mode: 'text',
+    chain_hash: hex(`c${call}${rolloutId}`),
+    cumulative_hash: hex(`h${call}${rolloutId}`),
+    response_id: `resp_${id}`,
+    admitted_at: 1796043536.228,
+    started_at: 1796043536.37,
+    output_fingerprint: hex(`o${call}`),
+    continuation_fingerprint: null,
+    fingerprint_version: 1,
+    request_digest: hex(`q${call}`),
+    prompt_tokens: 9,
+    completion_tokens: 10,
+    route: 'responses',
+    stream: false,
+    staging_chain: [`${rolloutId}/${id}`],
+    context_len: 2,
+    context_digest: hex(`x${call}`),
+  };
+}
+
+async function restoreBench(dir) {
+  const captureDir = join(dir, 'restore');
+  const ledger = await new CaptureLedger(captureDir).init();
+  const files = [];
+  for (let i = 0; i < LEDGER_ROLLOUTS; i++) {
+    const r = `scale-${i}`;
+    const rows = [ledgerRow(r, 0), ledgerRow(r, 1)];
+    files.push(
+      [`${r}-a1.lineage.jsonl`, rows.map((row) => `${JSON.stringify(row)}\n`).join('')],
+      [`${r}-a1.lineage.started`, ''],
+      [`${r}.lineage.retired`, ''],
+    );
+  }
+  for (let i = 0; i < files.length; i += 256) {
+    await Promise.all(
+      files.slice(i, i + 256).map(([name, text]) => writeFile(join(captureDir, name), text)),
+    );
+  }
+  // Only the calls' bookkeeping is read by export and install; no model calls run here.
+  const gate = { marks: undefined, undeliveredCallIds: () => new Set() };
+  const participant = new PolicyParticipant('policy', gate, ledger);
+  const scope = (attempt) =>
+    Array.from({ length: LEDGER_ROLLOUTS }, (_, i) => ({ rollout_id: `scale-${i}`, attempt }));
+  const t0 = performance.now();
+  const records = await participant.export(scope(1), new AbortController().signal);
+  const exportSeconds = (performance.now() - t0) / 1000;
+  const restored = records.map((r) => ({ ...r, episode_id: { ...r.episode_id, attempt: 0 } }));
+  const t1 = performance.now();
+  await participant.install(restored, scope(0));
+  const installSeconds = (performance.now() - t1) / 1000;
+  return {
+    rollouts: LEDGER_ROLLOUTS,
+    rows_exported: records.reduce((n, r) => n + r.rows.length, 0),
+    export_seconds: exportSeconds,
+    install_seconds: installSeconds,
+    target_export_seconds: 0.15,
+    target_install_seconds: 0.25,
+  };
+}
+
 function byRollout(targets) {
   const rollouts = new Map();
   for (const key of targets.keys()) rollouts.set(key.replace(/-a[1-9][0-9]*$/, ''), true);
@@ -194,44 +277,56 @@ function byRollout(targets) {
 
 const dir = await mkdtemp(join(tmpdir(), 'bench-policy-'));
 try {
-  const rows = await throughput(dir);
+  const rows = flags['ledger-only'] ? [] : await throughput(dir);
   const cleanup = await cleanupBench(dir);
-  console.log(`chat completions: ${REQUESTS} requests, concurrency ${CONCURRENCY}`);
-  console.table(
-    rows.map((r) => ({
-      target: r.name,
-      'req/s': Math.round(r.rps),
-      'p50 ms': r.p50_ms.toFixed(2),
-      'p99 ms': r.p99_ms.toFixed(2),
-      'vs direct': r.ratio_to_direct.toFixed(2),
-      'vs ckpt off': r.ratio_to_checkpointing_off.toFixed(2),
-    })),
-  );
+  const restore = await restoreBench(dir);
+  if (rows.length > 0)
+    console.log(`chat completions: ${REQUESTS} requests, concurrency ${CONCURRENCY}`);
+  if (rows.length > 0)
+    console.table(
+      rows.map((r) => ({
+        target: r.name,
+        'req/s': Math.round(r.rps),
+        'p50 ms': r.p50_ms.toFixed(2),
+        'p99 ms': r.p99_ms.toFixed(2),
+        'vs direct': r.ratio_to_direct.toFixed(2),
+        'vs ckpt off': r.ratio_to_checkpointing_off.toFixed(2),
+      })),
+    );
   console.log(`ledger cleanup: ${cleanup.rollouts} rollouts over ${cleanup.files} files`);
   console.table({
     'listing + index by rollout (s)': cleanup.index_seconds.toFixed(3),
     'whole import: index, locks, deletes, one dir sync (s)': cleanup.import_seconds.toFixed(3),
   });
-  const out = join(repo, 'bench/results/policy-model.json');
-  mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(
-    out,
-    `${JSON.stringify(
-      {
-        machine: {
-          cpus: cpus().length,
-          memory_gib: Math.round(totalmem() / 2 ** 30),
-          node: process.version,
+  console.log(`ledger commit and restore: ${restore.rollouts} rollouts, 2 rows each`);
+  console.table({
+    'export (s)': restore.export_seconds.toFixed(3),
+    'install: import + retire of attempt 0 (s)': restore.install_seconds.toFixed(3),
+  });
+  // A ledger-only run leaves the full results file alone.
+  if (!flags['ledger-only']) {
+    const out = join(repo, 'bench/results/policy-model.json');
+    mkdirSync(dirname(out), { recursive: true });
+    writeFileSync(
+      out,
+      `${JSON.stringify(
+        {
+          machine: {
+            cpus: cpus().length,
+            memory_gib: Math.round(totalmem() / 2 ** 30),
+            node: process.version,
+          },
+          requests: REQUESTS,
+          concurrency: CONCURRENCY,
+          throughput: rows,
+          ledger_cleanup: cleanup,
+          ledger_restore: restore,
         },
-        requests: REQUESTS,
-        concurrency: CONCURRENCY,
-        throughput: rows,
-        ledger_cleanup: cleanup,
-      },
-      null,
-      2,
-    )}\n`,
-  );
+        null,
+        2,
+      )}\n`,
+    );
+  }
 } finally {
   for (const child of children) child.kill('SIGTERM');
   await rm(dir, { recursive: true, force: true });

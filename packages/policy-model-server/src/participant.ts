@@ -139,15 +139,13 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
     // Rows are published only once a response starts, so an undelivered call has none; the
     // filter stays as a guard.
     const undelivered = this.gate.undeliveredCallIds();
+    if (!this.ledger) return [];
+    const keys = scope.map(captureKey);
+    const ledgers = await this.ledger.exportMany(keys, signal);
     const records: ModelRecord[] = [];
-    for (const episode of scope) {
-      signal.throwIfAborted();
-      if (!this.ledger) continue;
-      const key = captureKey(episode);
-      const rows = (await this.ledger.exportRows(key)).filter(
-        (row) => !undelivered.has(String(row.model_call_id)),
-      );
-      const cut = this.cuts?.exportCut(key);
+    for (const [i, episode] of scope.entries()) {
+      const rows = (ledgers[i] ?? []).filter((row) => !undelivered.has(String(row.model_call_id)));
+      const cut = this.cuts?.exportCut(keys[i] as string);
       const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
       if (rows.length > 0 || cuts.length > 0) {
         records.push({ episode_id: episode, rows, generation_cuts: cuts });
@@ -208,9 +206,8 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
           stampRows(byKey.get(source)?.rows ?? [], source),
         );
       }
-      await this.ledger.importMany(targets);
       // Attempts 0..N continue as N+1 and never write again.
-      await this.ledger.retire(scope.flatMap(attemptsThrough));
+      await this.ledger.restore(targets, scope.flatMap(attemptsThrough));
     }
     const inScope = new Set(scope.map(captureKey));
     for (const record of records) {

@@ -3,7 +3,9 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
 
-import { CaptureLedger } from '../src/index.js';
+import lockfile from 'proper-lockfile';
+
+import { CaptureLedger, lockStripe } from '../src/index.js';
 import {
   chat,
   cleanup,
@@ -124,6 +126,116 @@ describe('CaptureLedger files', () => {
     await ledger.delete(['b-a1']);
     await ledger.importMany(new Map([['c-a1', []]]));
     expect((await files(ledger)).filter((f) => f.endsWith('.started'))).toEqual([]);
+  });
+
+  it('exportMany reads each key’s rows in order, none for a key without a ledger, and stops when aborted', async () => {
+    const ledger = await ledgerAt();
+    const keys = Array.from({ length: 150 }, (_, i) => `r${i}-a1`);
+    for (const [i, key] of keys.entries()) if (i % 3 !== 0) await ledger.append(key, row(`c${i}`));
+    const rows = await ledger.exportMany(keys);
+    expect(rows).toEqual(keys.map((_, i) => (i % 3 === 0 ? [] : [row(`c${i}`)])));
+    await expect(ledger.exportMany(keys, AbortSignal.abort())).rejects.toMatchObject({
+      name: 'AbortError',
+    });
+  });
+
+  it('a restore makes its fences durable before it removes the ledgers they replace', async () => {
+    class Watched extends CaptureLedger {
+      synced: string[][] = [];
+      override async syncDirectory(): Promise<void> {
+        await super.syncDirectory();
+        this.synced.push((await readdir(this.dir)).filter((f) => f !== '.locks').sort());
+      }
+    }
+    const ledger = await new Watched(await tempDir()).init();
+    await ledger.append('r', row('dead'));
+    ledger.synced = [];
+    await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r']);
+    expect(ledger.synced[0]).toEqual(['r.lineage.jsonl', 'r.lineage.retired']);
+    expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r.lineage.retired']);
+  });
+
+  it('a restore writes exactly the checkpoint rows as the target ledger, also where it reuses a longer retired ledger', async () => {
+    const ledger = await ledgerAt();
+    const long = 'x'.repeat(500);
+    for (const id of ['d1', 'd2', 'd3']) await ledger.append('r', row(id, { long }));
+    await ledger.append('s-a1', row('dead', { long }));
+    expect(
+      await ledger.restore(
+        new Map([
+          ['r-a1', [row('c1')]],
+          ['s-a2', [row('c2')]],
+        ]),
+        ['r', 's', 's-a1'],
+      ),
+    ).toEqual({ removed: ['r', 's-a1'], absent: ['s'] });
+    expect(await ledger.exportRows('r-a1')).toEqual([row('c1')]);
+    expect(await ledger.exportRows('s-a2')).toEqual([row('c2')]);
+    expect(await files(ledger)).toEqual([
+      'r-a1.lineage.jsonl',
+      'r.lineage.retired',
+      's-a1.lineage.retired',
+      's-a2.lineage.jsonl',
+      's.lineage.retired',
+    ]);
+  });
+
+  it('a restore keeps the ledger of a retired key a delete made reusable after its fence', async () => {
+    class Racing extends CaptureLedger {
+      race = false;
+      override async syncDirectory(): Promise<void> {
+        await super.syncDirectory();
+        if (!this.race) return;
+        this.race = false;
+        await this.delete(['r']);
+        await this.append('r', row('reused'));
+      }
+    }
+    const ledger = await new Racing(await tempDir()).init();
+    await ledger.append('r', row('dead'));
+    ledger.race = true;
+    expect(await ledger.restore(new Map([['r-a1', []]]), ['r'])).toEqual({
+      removed: [],
+      absent: ['r'],
+    });
+    expect(await ledger.exportRows('r')).toEqual([row('reused')]);
+  });
+
+  it('a restore removes a retired ledger written after its first listing, before the fence', async () => {
+    class Late extends CaptureLedger {
+      late = false;
+      override async listByRollout(rollouts: ReadonlyMap<string, unknown>) {
+        const index = await super.listByRollout(rollouts);
+        if (this.late) {
+          this.late = false;
+          await this.append('r', row('late'));
+        }
+        return index;
+      }
+    }
+    const ledger = await new Late(await tempDir()).init();
+    ledger.late = true;
+    expect(await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r'])).toEqual({
+      removed: ['r'],
+      absent: [],
+    });
+    expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r.lineage.retired']);
+  });
+
+  it('waits for a rollout’s stripe lock another process holds', async () => {
+    const ledger = await ledgerAt();
+    const held = await lockfile.lock(join(ledger.dir, '.locks', `stripe-${lockStripe('r')}`), {
+      realpath: false,
+    });
+    let written = false;
+    const append = ledger.append('r', row('c1')).then((result) => {
+      written = true;
+      return result;
+    });
+    await sleep(100);
+    expect(written).toBe(false);
+    await held();
+    expect(await append).toBe('written');
   });
 
   it('serialises appends of one rollout from many callers (one lock per rollout)', async () => {
