@@ -106,6 +106,36 @@ function bytesUnder(dir) {
   return total;
 }
 
+/** CPU time (user + system, ms) of each gym server process so far, from /proc (Linux). */
+function serverCpuMs(handle) {
+  const cpu = {};
+  for (const server of handle.servers.values()) {
+    if (server.kind === 'inference') continue;
+    try {
+      // Fields after the command name: state is 3rd, utime 14th and stime 15th of the whole line.
+      const fields = readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');
+      cpu[server.name] = ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+    } catch {
+      // Not Linux, or the process is gone.
+    }
+  }
+  return cpu;
+}
+
+/** What each server spent of the CPU while `fn` ran, and in all (2 cores = 2 s of CPU a second). */
+async function cpuDuring(handle, fn) {
+  const before = serverCpuMs(handle);
+  const value = await fn();
+  const after = serverCpuMs(handle);
+  const spent = Object.fromEntries(
+    Object.keys(after)
+      .filter((name) => name in before)
+      .map((name) => [name, Math.round(after[name] - before[name])]),
+  );
+  spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
+  return { value, spent };
+}
+
 /**
  * Each server's own account of the checkpoint (its 'checkpoint committed' / 'checkpoint restored'
  * log lines): where the commit and restore time went, per server.
@@ -252,9 +282,14 @@ async function main() {
     );
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
-    const committed = await time('commit', () =>
-      commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
-    );
+    const cpuMs = {};
+    const committed = await time('commit', async () => {
+      const { value, spent } = await cpuDuring(handle, () =>
+        commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
+      );
+      cpuMs.commit = spent;
+      return value;
+    });
     const exported = committed.env.episode_ids;
     const recordsBytes = {};
     for (const kind of ['environment', 'model', 'agent', 'resources']) {
@@ -266,9 +301,13 @@ async function main() {
     await backend('/_ctl/release', {});
     await time('restart', () => handle.restart());
     const fresh = participants();
-    const restored = await time('restore', () =>
-      restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
-    );
+    const restored = await time('restore', async () => {
+      const { value, spent } = await cpuDuring(handle, () =>
+        restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
+      );
+      cpuMs.restore = spent;
+      return value;
+    });
     await time('resume', () => resume(fresh, 'scale-r1', seconds(DEADLINE_S)));
     const callsBefore = (await backend('/_ctl/call_count')).count;
     const replies = await time('replacements', () =>
@@ -311,6 +350,7 @@ async function main() {
       timings_s: timings,
       records_bytes: recordsBytes,
       server_timings_ms: serverTimings(handle),
+      server_cpu_ms: cpuMs,
       model_prepare_counts: stageReplies.policy?.report?.counts ?? null,
       staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
       replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
@@ -341,6 +381,9 @@ async function main() {
           `${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`,
         );
       }
+    }
+    for (const [what, spent] of Object.entries(cpuMs)) {
+      console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
     }
     console.log(`targets: ${JSON.stringify(result.targets)}`);
     mkdirSync(dirname(OUT), { recursive: true });

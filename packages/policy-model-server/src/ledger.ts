@@ -40,6 +40,8 @@ const BATCH_CONCURRENCY = 64;
 const LOCK_RETRIES = { retries: 2000, factor: 1.2, minTimeout: 1, maxTimeout: 50 };
 /** Ledgers read per event-loop turn in an export (each a few system calls). */
 const EXPORT_SLICE = 64;
+/** Ledgers whose rows this process keeps in memory (the most recently written or read). */
+const KNOWN_LEDGERS_MAX = 65_536;
 
 /** What a retire or delete did: ledgers it removed, keys that had none. */
 export interface RolloutRemoval {
@@ -167,7 +169,22 @@ function validKeys(keys: readonly string[]): string[] {
   return [...new Set(keys)];
 }
 
+/**
+ * A ledger's rows as this process last wrote or read them, with the file's size and modification
+ * time at that moment: while both still match, the file holds exactly these rows.
+ */
+interface KnownLedger {
+  rows: JsonObject[];
+  size: bigint;
+  mtimeNs: bigint;
+}
+
 export class CaptureLedger {
+  /**
+   * Rows by key, so a commit's export reads a ledger file only when some other process changed it
+   * since: one stat per key instead of a read and a parse (at 8k rollouts ~0.4 s of the commit).
+   */
+  readonly #known = new Map<string, KnownLedger>();
   /** In-process queue per stripe in front of the file lock, so one process never polls itself. */
   readonly #local = new Map<number, Promise<unknown>>();
 
@@ -254,12 +271,31 @@ export class CaptureLedger {
       try {
         await handle.write(line);
         await handle.sync();
+        this.#extendKnown(key, line, creating, await handle.stat({ bigint: true }));
       } finally {
         await handle.close();
       }
       if (creating) await this.syncDirectory();
       return 'written';
     });
+  }
+
+  /** Keeps the appended row when the file grew by exactly its line since the rows we know. */
+  #extendKnown(key: string, line: string, created: boolean, after: fs.BigIntStats): void {
+    const known = created ? { rows: [], size: 0n, mtimeNs: 0n } : this.#known.get(key);
+    this.#known.delete(key);
+    if (known === undefined || known.size + BigInt(Buffer.byteLength(line)) !== after.size) return;
+    known.rows.push(decodeJson(line.slice(0, -1)) as JsonObject);
+    this.#remember(key, { rows: known.rows, size: after.size, mtimeNs: after.mtimeNs });
+  }
+
+  #remember(key: string, known: KnownLedger): void {
+    this.#known.delete(key);
+    this.#known.set(key, known);
+    if (this.#known.size > KNOWN_LEDGERS_MAX) {
+      const oldest = this.#known.keys().next().value;
+      if (oldest !== undefined) this.#known.delete(oldest);
+    }
   }
 
   /** Every row of `key`, in order; none when it has no ledger. */
@@ -289,16 +325,39 @@ export class CaptureLedger {
         await yieldToLoop();
         signal?.throwIfAborted();
       }
-      let text: string;
-      try {
-        text = fs.readFileSync(this.path(key, LEDGER_SUFFIX), 'utf8');
-      } catch (err) {
-        if (!isMissing(err)) throw err;
-        text = '';
-      }
-      rows.push(parseRows(text));
+      rows.push(this.#rowsNow(key));
     }
     return rows;
+  }
+
+  /** The rows of `key`: the known ones while the file is unchanged, else read (and then known). */
+  #rowsNow(key: string): JsonObject[] {
+    const path = this.path(key, LEDGER_SUFFIX);
+    const before = fs.statSync(path, { bigint: true, throwIfNoEntry: false });
+    const known = this.#known.get(key);
+    if (before === undefined) {
+      this.#known.delete(key);
+      return [];
+    }
+    if (known && known.size === before.size && known.mtimeNs === before.mtimeNs) {
+      return [...known.rows];
+    }
+    let text: string;
+    try {
+      text = fs.readFileSync(path, 'utf8');
+    } catch (err) {
+      if (!isMissing(err)) throw err;
+      this.#known.delete(key);
+      return [];
+    }
+    const rows = parseRows(text);
+    // Known only when nothing changed the file while it was read.
+    if (Buffer.byteLength(text) === Number(before.size)) {
+      this.#remember(key, { rows, size: before.size, mtimeNs: before.mtimeNs });
+    } else {
+      this.#known.delete(key);
+    }
+    return [...rows];
   }
 
   async isRetired(key: string): Promise<boolean> {
@@ -331,6 +390,7 @@ export class CaptureLedger {
     const unique = validKeys(keys);
     const removal: RolloutRemoval = { removed: [], absent: [] };
     await this.#underLocks(unique, rolloutOfKey, async (key) => {
+      this.#known.delete(key);
       const removed = await remove(this.path(key, LEDGER_SUFFIX));
       await remove(this.path(key, FENCE_SUFFIX));
       await remove(this.path(key, STARTED_SUFFIX));
@@ -426,7 +486,11 @@ export class CaptureLedger {
             .map((k) => k + LEDGER_SUFFIX),
         );
         const stale = files.filter((f) => f.attempt >= from && !written.has(f.name));
-        for (const f of stale) removeNow(join(this.dir, f.name));
+        for (const f of stale) {
+          const staleKey = keyOfFile(f.name);
+          if (staleKey !== undefined) this.#known.delete(staleKey);
+          removeNow(join(this.dir, f.name));
+        }
       }
       for (const key of w.targets) {
         const rows = targets.get(key) ?? [];
@@ -434,12 +498,15 @@ export class CaptureLedger {
         const path = this.path(key, LEDGER_SUFFIX);
         const reused = has(w, key + LEDGER_SUFFIX) ? undefined : doomed.pop();
         if (reused !== undefined) {
+          this.#known.delete(reused);
           const moved = renameNow(this.path(reused, LEDGER_SUFFIX), path);
           (moved ? removal.removed : removal.absent).push(reused);
         }
+        this.#known.delete(key);
         overwriteNow(path, rows.map((row) => `${encodeJson(row)}\n`).join(''));
       }
       for (const key of doomed) {
+        this.#known.delete(key);
         (removeNow(this.path(key, LEDGER_SUFFIX)) ? removal.removed : removal.absent).push(key);
       }
     });
@@ -502,6 +569,7 @@ export class CaptureLedger {
   deleteUnstarted(key: string): Promise<boolean> {
     return this.#lockKey(key, async () => {
       if (await exists(this.path(key, STARTED_SUFFIX))) return false;
+      this.#known.delete(key);
       await remove(this.path(key, LEDGER_SUFFIX));
       return true;
     });

@@ -139,6 +139,31 @@ describe('CaptureLedger files', () => {
     });
   });
 
+  it('an export sees rows another process sharing the directory wrote after this one', async () => {
+    const mine = await ledgerAt();
+    const theirs = await new CaptureLedger(mine.dir).init();
+    await mine.append('r-a0', row('c1'));
+    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1')]]);
+    // Appended elsewhere: the rows this process knows are no longer the file's.
+    await theirs.append('r-a0', row('c2'));
+    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1'), row('c2')]]);
+    await mine.append('r-a0', row('c3'));
+    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1'), row('c2'), row('c3')]]);
+    // Rewritten elsewhere by a restore, and deleted elsewhere.
+    await theirs.importMany(new Map([['r-a0', [row('restored')]]]));
+    expect(await mine.exportMany(['r-a0'])).toEqual([[row('restored')]]);
+    await theirs.delete(['r-a0']);
+    expect(await mine.exportMany(['r-a0'])).toEqual([[]]);
+  });
+
+  it('exported rows are copies: changing them leaves the next export as the ledger is', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r-a0', row('c1'));
+    const [first] = await ledger.exportMany(['r-a0']);
+    first!.push(row('not-in-the-ledger'));
+    expect(await ledger.exportMany(['r-a0'])).toEqual([[row('c1')]]);
+  });
+
   it('a restore makes its fences durable before it removes the ledgers they replace', async () => {
     class Watched extends CaptureLedger {
       synced: string[][] = [];
