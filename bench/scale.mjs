@@ -256,6 +256,11 @@ async function main() {
       }
     });
 
+    // What the servers burn holding every rollout with nothing to do (timers, connection checks):
+    // the floor under the CPU measured during commit and restore.
+    const cpuMs = {};
+    ({ spent: cpuMs.idle_1s } = await cpuDuring(handle, () => sleep(1000)));
+
     // Prepare stage by stage (each stage alone, in prepare order) under one id, resume; then the
     // checkpoint itself, prepared as a whole under a fresh id (every rollout is still held).
     const all = participants();
@@ -282,7 +287,6 @@ async function main() {
     );
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
-    const cpuMs = {};
     const committed = await time('commit', async () => {
       const { value, spent } = await cpuDuring(handle, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
