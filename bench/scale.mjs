@@ -12,13 +12,12 @@
 // Prints per-stage times and writes bench/results/scale.json (or --out).
 import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createServer } from 'node:net';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { launchStack } from '@ckpt-gym/coordinator-cli';
+import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import {
   commit,
   createHttpClients,
@@ -77,18 +76,6 @@ function episodeBody(rolloutId, attempt) {
       },
     },
   };
-}
-
-/** A port nothing listens on now: the backend's, fixed because the policy model names it by URL. */
-function freePort() {
-  return new Promise((resolvePort, reject) => {
-    const probe = createServer();
-    probe.once('error', reject);
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address();
-      probe.close(() => resolvePort(port));
-    });
-  });
 }
 
 function bytesUnder(dir) {
@@ -171,7 +158,8 @@ function serverTimings(handle) {
 async function main() {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-scale-'));
   const source = join(runDir, 'stack.source.yaml');
-  writeFileSync(source, stackYaml(await freePort()));
+  // The backend's port is fixed up front: the policy model names it by URL.
+  writeFileSync(source, stackYaml(await freePort('127.0.0.1')));
   const clients = createHttpClients({
     data: { maxSockets: 0, maxTotalSockets: 0 },
     control: { maxSockets: 0, maxTotalSockets: 0 },

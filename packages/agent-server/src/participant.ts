@@ -108,8 +108,6 @@ class Session {
   retiring: Promise<void> | null = null;
   /** Set when a legacy `/run` owns the session: its protocol boundary lives in EpisodeSteps. */
   legacy = false;
-  /** The mark of the latest export scope that named this attempt (see `markScope`). */
-  scopeMark = 0;
 
   constructor(
     readonly key: string,
@@ -585,12 +583,12 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     scope: readonly EpisodeId[] | null,
     signal: AbortSignal,
   ): Promise<AgentSessionRecord[]> {
-    const mark = scope === null ? null : this.markScope(scope);
+    const inScope = scope === null ? null : this.sessionsOf(scope);
     const legacy = this.steps.exported();
     const chosen: Session[] = [];
     for (const s of this.sessions.values()) {
       if (s.retired || s.closing || this.isCarried(s.episode)) continue;
-      if (mark !== null && s.scopeMark !== mark) continue;
+      if (inScope !== null && !inScope.has(s)) continue;
       if (s.legacy && !legacy.has(s.key) && !s.restoredPending) continue;
       chosen.push(s);
     }
@@ -598,7 +596,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     const exported = await this.hooks.exportAgentSessions(chosen.map((s) => s.key));
     signal.throwIfAborted();
     const states = chosen.map((s) => exported.get(s.key));
-    const missing = chosen.filter((s, i) => states[i] === undefined && !exported.has(s.key));
+    const missing = chosen.filter((_, i) => states[i] === undefined);
     if (missing.length > 0) {
       throw new CheckpointError(
         `the agent did not export sessions [${missing
@@ -620,20 +618,18 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     }));
   }
 
-  private scopeMarks = 0;
-
   /**
-   * Marks the sessions of the scope's attempts with a fresh mark: one lookup per scope entry in
-   * the rollout index, so a scope of thousands builds no capture key string or set per export.
+   * The sessions of the scope's attempts, through the rollout index: a scope of thousands builds
+   * no capture-key string per entry.
    */
-  private markScope(scope: readonly EpisodeId[]): number {
-    const mark = ++this.scopeMarks;
+  private sessionsOf(scope: readonly EpisodeId[]): Set<Session> {
+    const sessions = new Set<Session>();
     for (const e of scope) {
       for (const s of this.sessionsByRollout.view(e.rollout_id)) {
-        if (s.episode.attempt === e.attempt) s.scopeMark = mark;
+        if (s.episode.attempt === e.attempt) sessions.add(s);
       }
     }
-    return mark;
+    return sessions;
   }
 
   validateRecord(record: JsonObject, key: string): AgentSessionRecord {
