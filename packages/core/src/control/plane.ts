@@ -131,16 +131,15 @@ class RecentIds {
 
 interface Recorded {
   readonly checkpointId: string;
-  /** The arguments it ran with (directory and sorted scope), compared on replay. */
-  readonly args: string;
+  /** The arguments it ran with, compared on replay. */
+  readonly args: CallArgs;
   readonly reply: object;
 }
 
 /** One checkpoint's commit work: created by its first admitted commit, dropped by resume. */
 interface CommitWork<R extends CheckpointRecord> {
   readonly checkpointDir: string;
-  readonly scopeKeys: ReadonlySet<string> | null;
-  readonly args: string;
+  readonly args: CallArgs;
   readonly exportAbort: AbortController;
   readonly exported: Kept<R[]>;
   readonly writeStop: WriteStop;
@@ -149,9 +148,25 @@ interface CommitWork<R extends CheckpointRecord> {
   parked: Kept<void> | null;
 }
 
-/** Directory and scope as compared on replay: the scope sorted, so order does not matter. */
-function argsKey(checkpointDir: string, scope: readonly EpisodeId[] | null): string {
-  return JSON.stringify([checkpointDir, scope === null ? null : scope.map(captureKey).sort()]);
+/** Directory and scope (as capture keys) of a call, compared on replay. */
+interface CallArgs {
+  readonly dir: string;
+  readonly scope: ReadonlySet<string> | null;
+}
+
+const PREPARE_ARGS: CallArgs = { dir: '', scope: null };
+
+function callArgs(checkpointDir: string, scope: readonly EpisodeId[] | null): CallArgs {
+  return { dir: checkpointDir, scope: scope === null ? null : new Set(scope.map(captureKey)) };
+}
+
+/** Same directory and the same scope in any order (a set: no sort of thousands of keys). */
+function sameArgs(a: CallArgs, b: CallArgs): boolean {
+  if (a.dir !== b.dir) return false;
+  if (a.scope === null || b.scope === null) return a.scope === b.scope;
+  if (a.scope.size !== b.scope.size) return false;
+  for (const key of a.scope) if (!b.scope.has(key)) return false;
+  return true;
 }
 
 /** One episode per rollout, at its latest attempt: retiring it stops the earlier ones too. */
@@ -262,7 +277,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   async prepare(req: PrepareRequest, signal?: AbortSignal): Promise<PrepareReply> {
     const id = req.checkpoint_id;
     const replayed = await this.#transition('prepare', async () => {
-      const earlier = this.#replay('prepare', id, '');
+      const earlier = this.#replay('prepare', id, PREPARE_ARGS);
       if (earlier) return earlier as PrepareReply;
       this.#admit('prepare', id);
       if (this.#phase === 'idle') {
@@ -300,7 +315,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     }
 
     return this.#transition('prepare', async () => {
-      const earlier = this.#replay('prepare', id, '');
+      const earlier = this.#replay('prepare', id, PREPARE_ARGS);
       if (earlier) return earlier as PrepareReply;
       // The single listing of blockers, for the reply.
       const report = this.participant.readiness();
@@ -319,7 +334,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       this.#phase = 'prepared';
       this.#notifyWaiters();
       const reply: PrepareReply = { phase: 'prepared', report };
-      this.#recorded.set('prepare', { checkpointId: id, args: '', reply });
+      this.#recorded.set('prepare', { checkpointId: id, args: PREPARE_ARGS, reply });
       return reply;
     });
   }
@@ -363,7 +378,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   commit(req: CommitRequest, signal?: AbortSignal): Promise<CommitReply> {
     return this.#transition('commit', async () => {
       const id = req.checkpoint_id;
-      const args = argsKey(req.checkpoint_dir, req.episode_ids);
+      const args = callArgs(req.checkpoint_dir, req.episode_ids);
       const earlier = this.#replay('commit', id, args);
       if (earlier) return earlier as CommitReply;
       this.#admit('commit', id);
@@ -373,7 +388,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       let work = this.#work;
       if (work === null) {
         work = this.#startCommit(req, args);
-      } else if (work.args !== args) {
+      } else if (!sameArgs(work.args, args)) {
         throw new CheckpointConflictError(
           `checkpoint ${id} is already being written to another directory or scope`,
         );
@@ -410,8 +425,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       const manifest = await bound(current.write.promise);
       const writtenAt = performance.now();
 
-      if (current.scopeKeys !== null) {
-        const scopeKeys = current.scopeKeys;
+      if (current.args.scope !== null) {
+        const scopeKeys = current.args.scope;
         if (current.cleanup === null || current.cleanup.failed) {
           current.cleanup = new Kept(() => this.#deleteUnscopedRestored(scopeKeys));
         }
@@ -459,7 +474,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
    * export started ends the checkpoint for good), the scope may not name a restart, then the export
    * starts once and is kept.
    */
-  #startCommit(req: CommitRequest, args: string): CommitWork<R> {
+  #startCommit(req: CommitRequest, args: CallArgs): CommitWork<R> {
     const id = req.checkpoint_id;
     if (!this.participant.ready()) {
       const report = this.participant.readiness();
@@ -469,7 +484,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       throw new ExportFailedError(this.#finalFailure);
     }
     const scope = req.episode_ids;
-    const scopeKeys = scope === null ? null : new Set(scope.map(captureKey));
+    const scopeKeys = args.scope;
     if (scopeKeys !== null) {
       const restarts = new Set([
         ...this.participant.readiness().restarts,
@@ -485,7 +500,6 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     const exportAbort = new AbortController();
     const work: CommitWork<R> = {
       checkpointDir: req.checkpoint_dir,
-      scopeKeys,
       args,
       exportAbort,
       exported: new Kept(async () => {
@@ -534,7 +548,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   restore(req: RestoreRequest, signal?: AbortSignal): Promise<RestoreReply> {
     return this.#transition('restore', async () => {
       const id = req.checkpoint_id;
-      const args = argsKey(req.checkpoint_dir, req.episode_ids);
+      const args = callArgs(req.checkpoint_dir, req.episode_ids);
       const earlier = this.#replay('restore', id, args);
       if (earlier) return earlier as RestoreReply;
       this.#admit('restore', id);
@@ -545,7 +559,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       const bound = <T>(p: Promise<T>): Promise<T> =>
         withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
-      const scopeKeys = new Set(req.episode_ids.map(captureKey));
+      const scopeKeys = args.scope ?? new Set<string>();
       let generation: number | null = null;
       let install: Kept<void> | null = null;
       let source: Manifest;
@@ -825,11 +839,11 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   #replay(
     op: 'prepare' | 'commit' | 'restore',
     checkpointId: string,
-    args: string,
+    args: CallArgs,
   ): object | undefined {
     const recorded = this.#recorded.get(op);
     if (recorded === undefined || recorded.checkpointId !== checkpointId) return undefined;
-    if (recorded.args !== args) {
+    if (!sameArgs(recorded.args, args)) {
       throw new CheckpointConflictError(
         `checkpoint ${checkpointId} already completed ${op} with another directory or scope`,
       );
