@@ -6,7 +6,8 @@
  * under that rollout's cross-process lock (proper-lockfile). Locks are striped: a rollout's lock
  * is `<dir>/.locks/stripe-<n>.lock`, n a hash of its rollout id, so one rollout always takes the
  * same lock and a batch of 16k rollouts takes at most LOCK_STRIPES locks instead of 16k (each a
- * mkdir and rmdir on disk).
+ * mkdir and rmdir on disk). A retire or restore batch holds all its stripes at once, taken in
+ * ascending order.
  */
 import * as fs from 'node:fs';
 import { mkdir, open, readdir } from 'node:fs/promises';
@@ -36,6 +37,8 @@ export const LOCK_DIR = '.locks';
 export const LOCK_STRIPES = 256;
 /** Bounds parallel file work in a batch (file descriptors are shared with live connections). */
 const BATCH_CONCURRENCY = 64;
+/** Rollouts a retire or restore batch works through per event-loop turn (a few calls each). */
+const BATCH_SLICE = 32;
 /** Back-off while another process holds a stripe: polls up to every 50 ms, ~100 s in all. */
 const LOCK_RETRIES = { retries: 2000, factor: 1.2, minTimeout: 1, maxTimeout: 50 };
 /** Ledgers read per event-loop turn in an export (each a few system calls). */
@@ -85,17 +88,6 @@ function removeNow(path: string): boolean {
   }
 }
 
-/** Renames `from` to `to`; false when `from` does not exist. */
-function renameNow(from: string, to: string): boolean {
-  try {
-    fs.renameSync(from, to);
-    return true;
-  } catch (err) {
-    if (isMissing(err)) return false;
-    throw err;
-  }
-}
-
 /** Creates an empty file unless it exists. */
 function createExclusiveNow(path: string): void {
   try {
@@ -113,12 +105,26 @@ function overwriteNow(path: string, text: string): void {
   const data = Buffer.from(text);
   const fd = fs.openSync(path, fs.constants.O_WRONLY | fs.constants.O_CREAT);
   try {
-    for (let done = 0; done < data.length;) {
-      done += fs.writeSync(fd, data, done, data.length - done, done);
-    }
+    writeAllNow(fd, data);
     fs.ftruncateSync(fd, data.length);
   } finally {
     fs.closeSync(fd);
+  }
+}
+
+/** Creates `path` holding `text`; it must not exist yet. */
+function createNow(path: string, text: string): void {
+  const fd = fs.openSync(path, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL);
+  try {
+    writeAllNow(fd, Buffer.from(text));
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+function writeAllNow(fd: number, data: Buffer): void {
+  for (let done = 0; done < data.length;) {
+    done += fs.writeSync(fd, data, done, data.length - done, done);
   }
 }
 
@@ -174,8 +180,16 @@ function validKeys(keys: readonly string[]): string[] {
  */
 interface KnownLedger {
   rows: JsonObject[];
+  /** `encodeJson` of each row, once needed (a commit writes them); kept up to date by appends. */
+  lines: string[] | undefined;
   size: bigint;
   mtimeNs: bigint;
+}
+
+/** A ledger's rows, with the JSON text the codec writes for each (`lines[i]` encodes `rows[i]`). */
+export interface LedgerRows {
+  rows: JsonObject[];
+  lines: string[];
 }
 
 export class CaptureLedger {
@@ -184,8 +198,11 @@ export class CaptureLedger {
    * since: one stat per key instead of a read and a parse (at 8k rollouts ~0.4 s of the commit).
    */
   readonly #known = new Map<string, KnownLedger>();
-  /** In-process queue per stripe in front of the file lock, so one process never polls itself. */
-  readonly #local = new Map<number, Promise<unknown>>();
+  /**
+   * In-process queue per stripe in front of the file lock, so one process never polls itself:
+   * each holder's turn, which settles when it lets the stripe go.
+   */
+  readonly #local = new Map<number, Promise<void>>();
 
   constructor(readonly dir: string) {}
 
@@ -201,35 +218,82 @@ export class CaptureLedger {
 
   /** Runs `fn` holding the rollout's lock, in this process and across processes. */
   withRolloutLock<T>(rolloutId: string, fn: () => Promise<T>): Promise<T> {
-    return this.#withStripe(lockStripe(rolloutId), fn);
+    return this.#withStripes([lockStripe(rolloutId)], fn);
   }
 
-  #withStripe<T>(stripe: number, fn: () => Promise<T>): Promise<T> {
-    const previous = this.#local.get(stripe) ?? Promise.resolve();
-    const run = previous.then(async () => {
+  /**
+   * Runs `fn` holding every one of `stripes` (distinct), in ascending order: a holder only ever
+   * waits for a stripe above all those it holds, so two batches, in this process or across
+   * processes, never wait for each other in a circle. Each round tries every stripe left at once
+   * (a try never waits, so holding any set meanwhile is safe), keeps the run of stripes up to the
+   * first it did not get and lets the rest go, then waits for that one.
+   */
+  async #withStripes<T>(stripes: readonly number[], fn: () => Promise<T>): Promise<T> {
+    const order = [...stripes].sort((a, b) => a - b);
+    const held: (() => Promise<void>)[] = [];
+    try {
+      while (held.length < order.length) {
+        const tries = await Promise.allSettled(
+          order.slice(held.length).map((stripe) => this.#acquire(stripe, false)),
+        );
+        let missed: (typeof tries)[number] | undefined;
+        const spare: (() => Promise<void>)[] = [];
+        for (const tried of tries) {
+          const release = tried.status === 'fulfilled' ? tried.value : undefined;
+          if (missed === undefined && release !== undefined) held.push(release);
+          else if (release !== undefined) spare.push(release);
+          else missed ??= tried;
+        }
+        if (missed === undefined) break;
+        await Promise.all(spare.map((release) => release()));
+        if (missed.status === 'rejected') throw missed.reason;
+        held.push((await this.#acquire(order[held.length]!, true))!);
+      }
+      return await fn();
+    } finally {
+      await Promise.all(held.map((release) => release()));
+    }
+  }
+
+  /**
+   * Takes a stripe: its turn in this process's queue, then the file lock. Resolves to the release;
+   * without `wait`, to undefined at once if some holder (here or in another process) has it.
+   */
+  async #acquire(stripe: number, wait: boolean): Promise<(() => Promise<void>) | undefined> {
+    const previous = this.#local.get(stripe);
+    if (previous && !wait) return undefined;
+    let leave!: () => void;
+    const mine = new Promise<void>((resolve) => (leave = resolve));
+    const turn = (previous ?? Promise.resolve()).then(() => mine);
+    this.#local.set(stripe, turn);
+    void turn.then(() => {
+      if (this.#local.get(stripe) === turn) this.#local.delete(stripe);
+    });
+    await previous;
+    try {
       // proper-lockfile registers locks by file path: one path per stripe, lock at `<path>.lock`.
       // One try first: a retrying lock computes its whole back-off schedule up front, which at a
       // batch's 256 stripes costs more than the locking; only a held stripe needs it.
       const path = join(this.dir, LOCK_DIR, `stripe-${stripe}`);
-      const release = await lockfile.lock(path, { realpath: false }).catch((err: unknown) => {
+      const unlock = await lockfile.lock(path, { realpath: false }).catch((err: unknown) => {
         if ((err as NodeJS.ErrnoException).code !== 'ELOCKED') throw err;
-        return lockfile.lock(path, { realpath: false, retries: LOCK_RETRIES });
+        return wait ? lockfile.lock(path, { realpath: false, retries: LOCK_RETRIES }) : undefined;
       });
-      try {
-        return await fn();
-      } finally {
-        await release();
+      if (unlock === undefined) {
+        leave();
+        return undefined;
       }
-    });
-    const settled = run.then(
-      () => undefined,
-      () => undefined,
-    );
-    this.#local.set(stripe, settled);
-    void settled.then(() => {
-      if (this.#local.get(stripe) === settled) this.#local.delete(stripe);
-    });
-    return run;
+      return async () => {
+        try {
+          await unlock();
+        } finally {
+          leave();
+        }
+      };
+    } catch (err) {
+      leave();
+      throw err;
+    }
   }
 
   #lockKey<T>(key: string, fn: () => Promise<T>): Promise<T> {
@@ -250,7 +314,7 @@ export class CaptureLedger {
       stripes.set(stripe, list);
     }
     await forEachBounded([...stripes], BATCH_CONCURRENCY, ([stripe, list]) =>
-      this.#withStripe(stripe, async () => {
+      this.#withStripes([stripe], async () => {
         for (const item of list) await fn(item);
       }),
     );
@@ -281,11 +345,13 @@ export class CaptureLedger {
 
   /** Keeps the appended row when the file grew by exactly its line since the rows we know. */
   #extendKnown(key: string, line: string, created: boolean, after: fs.BigIntStats): void {
-    const known = created ? { rows: [], size: 0n, mtimeNs: 0n } : this.#known.get(key);
+    const known = created ? { rows: [], lines: [], size: 0n, mtimeNs: 0n } : this.#known.get(key);
     this.#known.delete(key);
     if (known === undefined || known.size + BigInt(Buffer.byteLength(line)) !== after.size) return;
-    known.rows.push(decodeJson(line.slice(0, -1)) as JsonObject);
-    this.#remember(key, { rows: known.rows, size: after.size, mtimeNs: after.mtimeNs });
+    const text = line.slice(0, -1);
+    known.rows.push(decodeJson(text) as JsonObject);
+    known.lines?.push(text);
+    this.#remember(key, { ...known, size: after.size, mtimeNs: after.mtimeNs });
   }
 
   #remember(key: string, known: KnownLedger): void {
@@ -300,56 +366,60 @@ export class CaptureLedger {
   /** Every row of `key`, in order; none when it has no ledger. */
   exportRows(key: string): Promise<JsonObject[]> {
     parseCaptureKey(key);
-    return Promise.resolve(this.#rowsNow(key));
+    return Promise.resolve([...this.#knownNow(key).rows]);
   }
 
   /**
-   * The rows of each key (as `exportRows`), in order. Read synchronously in slices between
-   * event-loop turns: a ledger is a page-cache read of a few kB, cheaper than the trip through the
-   * libuv pool (at 8k ledgers about a third of the CPU of bounded-concurrency async reads), and
-   * a slice blocks the loop for about a millisecond.
+   * The rows of each key (as `exportRows`) with their JSON, in order: a commit writes the text
+   * of rows this process appended instead of encoding them again. Read synchronously in slices
+   * between event-loop turns: a ledger is a page-cache read of a few kB, cheaper than the trip
+   * through the libuv pool (at 8k ledgers about a third of the CPU of bounded-concurrency async
+   * reads), and a slice blocks the loop for about a millisecond.
    */
-  async exportMany(keys: readonly string[], signal?: AbortSignal): Promise<JsonObject[][]> {
+  async exportMany(keys: readonly string[], signal?: AbortSignal): Promise<LedgerRows[]> {
     for (const key of keys) parseCaptureKey(key);
-    const rows: JsonObject[][] = [];
+    const out: LedgerRows[] = [];
     for (const key of keys) {
-      if (rows.length % EXPORT_SLICE === 0) {
+      if (out.length % EXPORT_SLICE === 0) {
         await yieldToLoop();
         signal?.throwIfAborted();
       }
-      rows.push(this.#rowsNow(key));
+      const known = this.#knownNow(key);
+      known.lines ??= known.rows.map((row) => encodeJson(row));
+      out.push({ rows: [...known.rows], lines: [...known.lines] });
     }
-    return rows;
+    return out;
   }
 
-  /** The rows of `key`: the known ones while the file is unchanged, else read (and then known). */
-  #rowsNow(key: string): JsonObject[] {
+  /** What `key` holds: the known rows while the file is unchanged, else read (and then known). */
+  #knownNow(key: string): Pick<KnownLedger, 'rows' | 'lines'> {
     const path = this.path(key, LEDGER_SUFFIX);
     const before = fs.statSync(path, { bigint: true, throwIfNoEntry: false });
     const known = this.#known.get(key);
     if (before === undefined) {
       this.#known.delete(key);
-      return [];
+      return { rows: [], lines: [] };
     }
-    if (known && known.size === before.size && known.mtimeNs === before.mtimeNs) {
-      return [...known.rows];
-    }
+    if (known && known.size === before.size && known.mtimeNs === before.mtimeNs) return known;
     let text: string;
     try {
       text = fs.readFileSync(path, 'utf8');
     } catch (err) {
       if (!isMissing(err)) throw err;
       this.#known.delete(key);
-      return [];
+      return { rows: [], lines: [] };
     }
-    const rows = parseRows(text);
+    // Lines another writer left are encoded again when needed: only the codec's text is ours.
+    const read: KnownLedger = {
+      rows: parseRows(text),
+      lines: undefined,
+      size: before.size,
+      mtimeNs: before.mtimeNs,
+    };
     // Known only when nothing changed the file while it was read.
-    if (Buffer.byteLength(text) === Number(before.size)) {
-      this.#remember(key, { rows, size: before.size, mtimeNs: before.mtimeNs });
-    } else {
-      this.#known.delete(key);
-    }
-    return [...rows];
+    if (Buffer.byteLength(text) === Number(before.size)) this.#remember(key, read);
+    else this.#known.delete(key);
+    return read;
   }
 
   async isRetired(key: string): Promise<boolean> {
@@ -370,11 +440,12 @@ export class CaptureLedger {
   }
 
   /**
-   * Fences each key, then deletes its ledger and started marker, so no late row brings it back.
-   * A key without a ledger is `absent` but still fenced. Two directory syncs per batch.
+   * Retires each key so no late row brings its ledger back: the ledger becomes the fence (one
+   * rename; the fence keeps the retired rows for inspection until a delete), a key without one
+   * gets an empty fence and is `absent`; its started marker goes. One directory sync per batch.
    */
   async retire(keys: readonly string[]): Promise<RolloutRemoval> {
-    return this.#fenceAndReplace(validKeys(keys), new Map(), false);
+    return this.#retireAndInstall(validKeys(keys), new Map());
   }
 
   /** Deletes each key's ledger, fence and started marker, so the key reads as unused again. */
@@ -404,24 +475,21 @@ export class CaptureLedger {
 
   /**
    * A restore's ledger work in one batch: retires `retired` (as `retire`) and installs `targets`
-   * (as `importMany`). Two passes, each taking a stripe's lock once: the fences a listing of the
-   * directory does not show, one directory sync, then the listing (retaken if a fence was written)
-   * drives every removal and the target writes (a target ledger a dead execution left is
-   * overwritten in place, no unlink first; a new one is a retired ledger renamed and overwritten);
-   * a last directory sync.
+   * (as `importMany`), holding all the batch's stripes at once, so one listing of the directory
+   * is exact for the whole batch. A target ledger a dead execution left is overwritten in place
+   * (no unlink first); a new one is created. One directory sync at the end.
    */
   async restore(
     targets: ReadonlyMap<string, readonly JsonObject[]>,
     retired: readonly string[],
   ): Promise<RolloutRemoval> {
     for (const key of targets.keys()) parseCaptureKey(key);
-    return this.#fenceAndReplace(validKeys(retired), targets, true);
+    return this.#retireAndInstall(validKeys(retired), targets);
   }
 
-  async #fenceAndReplace(
+  async #retireAndInstall(
     retired: readonly string[],
     targets: ReadonlyMap<string, readonly JsonObject[]>,
-    listed: boolean,
   ): Promise<RolloutRemoval> {
     const work = new Map<string, RolloutWork>();
     const of = (rolloutId: string): RolloutWork => {
@@ -433,77 +501,106 @@ export class CaptureLedger {
     for (const key of targets.keys()) of(rolloutOfKey(key)).targets.push(key);
     const removal: RolloutRemoval = { removed: [], absent: [] };
     if (work.size === 0) return removal;
-    const fenced = [...work.values()].filter((w) => w.retired.length > 0);
-    let index = listed ? await this.listByRollout(work) : undefined;
-    const has = (w: RolloutWork, name: string): boolean =>
-      index === undefined || (index.get(w.rolloutId) ?? []).some((f) => f.name === name);
-    // A listed fence needs no write: a delete removing it since then orders after this retire.
-    const needsFence = (w: RolloutWork, key: string): boolean =>
-      index === undefined || !has(w, key + FENCE_SUFFIX);
-    const unfenced = fenced.filter((w) => w.retired.some((key) => needsFence(w, key)));
-    await this.#underLocks(unfenced, rolloutOfWork, async (w) => {
-      for (const key of w.retired) {
-        if (needsFence(w, key)) createExclusiveNow(this.path(key, FENCE_SUFFIX));
+    const stripes = [...new Set([...work.keys()].map(lockStripe))];
+    await this.#withStripes(stripes, async () => {
+      // With every stripe held no other server creates or removes files of these rollouts, so
+      // what the batch finds stays true until it is done. A target's later attempts are unknown:
+      // list the directory once; a retire alone looks at its keys' files (cheaper than listing a
+      // directory of many rollouts for a few keys).
+      const index = targets.size > 0 ? await this.listByRollout(work) : undefined;
+      const fencedBefore: string[] = [];
+      let done = 0;
+      for (const w of work.values()) {
+        if (++done % BATCH_SLICE === 0) await yieldToLoop();
+        const files = index
+          ? new Map((index.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
+          : this.#probeNow(w.retired);
+        for (const key of w.retired) this.#retireNow(key, files, removal, fencedBefore);
+        if (w.targets.length > 0) this.#installNow(w.targets, targets, files);
       }
-    });
-    // The fences are durable before the rows they replace disappear (also one an overlapping
-    // retire wrote and may not have synced yet).
-    if (fenced.length > 0) await this.syncDirectory();
-    // A fenced key gets no new ledger or marker unless a delete makes it reusable (and then what
-    // it holds is not ours to drop), so a listing taken after every fence existed finds all the
-    // files to remove; one taken before a fence this batch wrote may miss a ledger: list again.
-    if (index !== undefined && unfenced.length > 0) index = await this.listByRollout(work);
-    await this.#underLocks([...work.values()], rolloutOfWork, async (w) => {
-      const files = index?.get(w.rolloutId) ?? [];
-      // Retired keys whose ledger goes; a new target ledger takes over one of them by a rename,
-      // cheaper than creating a file and unlinking one that holds data.
-      const doomed: string[] = [];
-      for (const key of w.retired) {
-        const ledger = `${key}${LEDGER_SUFFIX}`;
-        const started = `${key}${STARTED_SUFFIX}`;
-        // A delete in between made the key reusable; a ledger it holds now is not ours to drop.
-        if ((!has(w, ledger) && !has(w, started)) || !existsNow(this.path(key, FENCE_SUFFIX))) {
-          removal.absent.push(key);
-          continue;
-        }
-        if (has(w, started)) removeNow(join(this.dir, started));
-        if (has(w, ledger)) doomed.push(key);
-        else removal.absent.push(key);
-      }
-      if (w.targets.length > 0) {
-        const from = Math.min(...w.targets.map((key) => parseCaptureKey(key).attempt));
-        const written = new Set(
-          w.targets
-            .filter((key) => (targets.get(key) ?? []).length > 0)
-            .map((k) => k + LEDGER_SUFFIX),
-        );
-        const stale = files.filter((f) => f.attempt >= from && !written.has(f.name));
-        for (const f of stale) {
-          const staleKey = keyOfFile(f.name);
-          if (staleKey !== undefined) this.#known.delete(staleKey);
-          removeNow(join(this.dir, f.name));
-        }
-      }
-      for (const key of w.targets) {
-        const rows = targets.get(key) ?? [];
-        if (rows.length === 0) continue;
-        const path = this.path(key, LEDGER_SUFFIX);
-        const reused = has(w, key + LEDGER_SUFFIX) ? undefined : doomed.pop();
-        if (reused !== undefined) {
-          this.#known.delete(reused);
-          const moved = renameNow(this.path(reused, LEDGER_SUFFIX), path);
-          (moved ? removal.removed : removal.absent).push(reused);
-        }
-        this.#known.delete(key);
-        overwriteNow(path, rows.map((row) => `${encodeJson(row)}\n`).join(''));
-      }
-      for (const key of doomed) {
+      if (fencedBefore.length === 0) return;
+      // A fence an earlier retire stopped after (before removing the ledger) may not be durable
+      // yet: it is, before the rows it replaces go.
+      await this.syncDirectory();
+      for (const key of fencedBefore) {
         this.#known.delete(key);
         (removeNow(this.path(key, LEDGER_SUFFIX)) ? removal.removed : removal.absent).push(key);
       }
     });
     await this.syncDirectory();
     return sortRemoval(removal);
+  }
+
+  /** The files of `keys` on disk (ledger, fence, started marker), name to attempt. */
+  #probeNow(keys: readonly string[]): Map<string, number> {
+    const files = new Map<string, number>();
+    for (const key of keys) {
+      const { attempt } = parseCaptureKey(key);
+      for (const suffix of [LEDGER_SUFFIX, FENCE_SUFFIX, STARTED_SUFFIX]) {
+        if (existsNow(this.path(key, suffix))) files.set(key + suffix, attempt);
+      }
+    }
+    return files;
+  }
+
+  /**
+   * Retires `key` given its rollout's `files` (kept up to date): a ledger without a fence is
+   * renamed to the fence, atomically, so there is never a moment with neither and a crash leaves
+   * the key live or retired, never ledger-less and unfenced. A key holding both is left to
+   * `fencedBefore`.
+   */
+  #retireNow(
+    key: string,
+    files: Map<string, number>,
+    removal: RolloutRemoval,
+    fencedBefore: string[],
+  ): void {
+    const ledger = key + LEDGER_SUFFIX;
+    const fence = key + FENCE_SUFFIX;
+    if (files.delete(key + STARTED_SUFFIX)) removeNow(this.path(key, STARTED_SUFFIX));
+    if (!files.has(ledger)) {
+      if (!files.has(fence)) createExclusiveNow(this.path(key, FENCE_SUFFIX));
+      files.set(fence, parseCaptureKey(key).attempt);
+      removal.absent.push(key);
+    } else if (files.has(fence)) {
+      fencedBefore.push(key);
+    } else {
+      this.#known.delete(key);
+      fs.renameSync(this.path(key, LEDGER_SUFFIX), this.path(key, FENCE_SUFFIX));
+      files.delete(ledger);
+      files.set(fence, parseCaptureKey(key).attempt);
+      removal.removed.push(key);
+    }
+  }
+
+  /**
+   * Removes the files of the rollout's target attempt and every later one from `files` and disk,
+   * except the target ledgers about to be written, then writes the targets that have rows.
+   */
+  #installNow(
+    keys: readonly string[],
+    targets: ReadonlyMap<string, readonly JsonObject[]>,
+    files: Map<string, number>,
+  ): void {
+    const from = Math.min(...keys.map((key) => parseCaptureKey(key).attempt));
+    const written = new Set(
+      keys.filter((key) => (targets.get(key) ?? []).length > 0).map((k) => k + LEDGER_SUFFIX),
+    );
+    for (const [name, attempt] of files) {
+      if (attempt < from || written.has(name)) continue;
+      const staleKey = keyOfFile(name);
+      if (staleKey !== undefined) this.#known.delete(staleKey);
+      removeNow(join(this.dir, name));
+      files.delete(name);
+    }
+    for (const key of keys) {
+      const rows = targets.get(key) ?? [];
+      if (rows.length === 0) continue;
+      this.#known.delete(key);
+      const text = rows.map((row) => `${encodeJson(row)}\n`).join('');
+      if (files.has(key + LEDGER_SUFFIX)) overwriteNow(this.path(key, LEDGER_SUFFIX), text);
+      else createNow(this.path(key, LEDGER_SUFFIX), text);
+    }
   }
 
   /** Syncs the directory, making its entries (fences, creations, removals) durable. */
@@ -586,8 +683,6 @@ interface RolloutWork {
   retired: string[];
   targets: string[];
 }
-
-const rolloutOfWork = (work: RolloutWork): string => work.rolloutId;
 
 function sortRemoval(removal: RolloutRemoval): RolloutRemoval {
   return { removed: removal.removed.sort(), absent: removal.absent.sort() };

@@ -15,6 +15,7 @@ import {
   CheckpointError,
   type CheckpointRecord,
   covers,
+  encodeJson,
   type EpisodeId,
   CheckpointStateError,
   type JsonObject,
@@ -22,6 +23,7 @@ import {
   parseCaptureKey,
   type PrepareReport,
   prepareReport,
+  RECORD_FIELDS_JSON,
   type RetiredMarks,
 } from '@ckpt-gym/core';
 import { type GenerationCuts, parseCutRecord } from './cuts.js';
@@ -144,11 +146,25 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
     const ledgers = await this.ledger.exportMany(keys, signal);
     const records: ModelRecord[] = [];
     for (const [i, episode] of scope.entries()) {
-      const rows = (ledgers[i] ?? []).filter((row) => !undelivered.has(String(row.model_call_id)));
+      const ledger = ledgers[i] ?? { rows: [], lines: [] };
+      const rows: JsonObject[] = [];
+      const lines: string[] = [];
+      for (const [j, row] of ledger.rows.entries()) {
+        if (undelivered.has(String(row.model_call_id))) continue;
+        rows.push(row);
+        lines.push(ledger.lines[j]!);
+      }
       const cut = this.cuts?.exportCut(keys[i] as string);
       const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
       if (rows.length > 0 || cuts.length > 0) {
-        records.push({ episode_id: episode, rows, generation_cuts: cuts });
+        const record: ModelRecord = { episode_id: episode, rows, generation_cuts: cuts };
+        // The rows' JSON is the ledger's, mostly taken when each row was appended.
+        record[RECORD_FIELDS_JSON] = [
+          '"rows":[',
+          lines.join(','),
+          `],"generation_cuts":${cuts.length === 0 ? '[]' : encodeJson(cuts)}`,
+        ];
+        records.push(record);
       }
     }
     return records;

@@ -3,6 +3,7 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
 
+import { encodeJson } from '@ckpt-gym/core';
 import lockfile from 'proper-lockfile';
 
 import { CaptureLedger, lockStripe } from '../src/index.js';
@@ -26,6 +27,8 @@ afterEach(cleanup);
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const row = (id: string, extra: object = {}) => ({ model_call_id: id, ...extra });
+const rowsOf = async (ledger: CaptureLedger, keys: string[]) =>
+  (await ledger.exportMany(keys)).map((l) => l.rows);
 
 async function ledgerAt(): Promise<CaptureLedger> {
   return new CaptureLedger(await tempDir()).init();
@@ -132,7 +135,7 @@ describe('CaptureLedger files', () => {
     const ledger = await ledgerAt();
     const keys = Array.from({ length: 150 }, (_, i) => `r${i}-a1`);
     for (const [i, key] of keys.entries()) if (i % 3 !== 0) await ledger.append(key, row(`c${i}`));
-    const rows = await ledger.exportMany(keys);
+    const rows = await rowsOf(ledger, keys);
     expect(rows).toEqual(keys.map((_, i) => (i % 3 === 0 ? [] : [row(`c${i}`)])));
     await expect(ledger.exportMany(keys, AbortSignal.abort())).rejects.toMatchObject({
       name: 'AbortError',
@@ -143,44 +146,98 @@ describe('CaptureLedger files', () => {
     const mine = await ledgerAt();
     const theirs = await new CaptureLedger(mine.dir).init();
     await mine.append('r-a0', row('c1'));
-    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1')]]);
+    expect(await rowsOf(mine, ['r-a0'])).toEqual([[row('c1')]]);
     // Appended elsewhere: the rows this process knows are no longer the file's.
     await theirs.append('r-a0', row('c2'));
-    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1'), row('c2')]]);
+    expect(await rowsOf(mine, ['r-a0'])).toEqual([[row('c1'), row('c2')]]);
     await mine.append('r-a0', row('c3'));
-    expect(await mine.exportMany(['r-a0'])).toEqual([[row('c1'), row('c2'), row('c3')]]);
+    expect(await rowsOf(mine, ['r-a0'])).toEqual([[row('c1'), row('c2'), row('c3')]]);
     // Rewritten elsewhere by a restore, and deleted elsewhere.
     await theirs.importMany(new Map([['r-a0', [row('restored')]]]));
-    expect(await mine.exportMany(['r-a0'])).toEqual([[row('restored')]]);
+    expect(await rowsOf(mine, ['r-a0'])).toEqual([[row('restored')]]);
     await theirs.delete(['r-a0']);
-    expect(await mine.exportMany(['r-a0'])).toEqual([[]]);
+    expect(await rowsOf(mine, ['r-a0'])).toEqual([[]]);
+  });
+
+  it('exportMany gives each row with the JSON the codec writes for it, also for rows another writer left', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r-a0', row('c1', { logprob: -Infinity }));
+    await ledger.append('r-a0', row('c2'));
+    const [appended] = await ledger.exportMany(['r-a0']);
+    expect(appended!.lines).toEqual(appended!.rows.map((r) => encodeJson(r)));
+    // Python's spacing: the rows read back, their JSON is the codec's, not the file's.
+    await writeFile(join(ledger.dir, 'p-a0.lineage.jsonl'), '{"model_call_id": "c9", "n": 1}\n');
+    const [written] = await ledger.exportMany(['p-a0']);
+    expect(written).toEqual({
+      rows: [{ model_call_id: 'c9', n: 1 }],
+      lines: ['{"model_call_id":"c9","n":1}'],
+    });
   });
 
   it('exported rows are copies: changing them leaves the next export as the ledger is', async () => {
     const ledger = await ledgerAt();
     await ledger.append('r-a0', row('c1'));
     const [first] = await ledger.exportMany(['r-a0']);
-    first!.push(row('not-in-the-ledger'));
-    expect(await ledger.exportMany(['r-a0'])).toEqual([[row('c1')]]);
+    first!.rows.push(row('not-in-the-ledger'));
+    first!.lines.push('{}');
+    expect(await rowsOf(ledger, ['r-a0'])).toEqual([[row('c1')]]);
   });
 
-  it('a restore makes its fences durable before it removes the ledgers they replace', async () => {
+  it('a retire keeps the retired rows in the fence and reads as retired until a delete', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r', row('c1'));
+    await ledger.append('r', row('c2'));
+    const rows = await readFile(join(ledger.dir, 'r.lineage.jsonl'), 'utf8');
+    expect(await ledger.retire(['r'])).toEqual({ removed: ['r'], absent: [] });
+    expect(await readFile(join(ledger.dir, 'r.lineage.retired'), 'utf8')).toBe(rows);
+    expect(await ledger.isRetired('r')).toBe(true);
+    expect(await ledger.exportRows('r')).toEqual([]);
+    await expect(ledger.manifest('r')).rejects.toMatchObject({ name: 'LedgerRetiredError' });
+    expect(await ledger.append('r', row('late'))).toBe('discarded');
+    // The fence is not a ledger: a delete finds none, and the key reads as unused again.
+    expect(await ledger.delete(['r'])).toEqual({ removed: [], absent: ['r'] });
+    expect(await files(ledger)).toEqual([]);
+  });
+
+  it('a restore turns each retired ledger into its fence with no directory sync in between', async () => {
     class Watched extends CaptureLedger {
       synced: string[][] = [];
       override async syncDirectory(): Promise<void> {
         await super.syncDirectory();
-        this.synced.push((await readdir(this.dir)).filter((f) => f !== '.locks').sort());
+        this.synced.push(await files(this));
       }
     }
     const ledger = await new Watched(await tempDir()).init();
     await ledger.append('r', row('dead'));
     ledger.synced = [];
     await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r']);
-    expect(ledger.synced[0]).toEqual(['r.lineage.jsonl', 'r.lineage.retired']);
-    expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r.lineage.retired']);
+    expect(ledger.synced).toEqual([['r-a1.lineage.jsonl', 'r.lineage.retired']]);
+    expect(await ledger.exportRows('r-a1')).toEqual([row('c1')]);
   });
 
-  it('a restore writes exactly the checkpoint rows as the target ledger, also where it reuses a longer retired ledger', async () => {
+  it('a key holding both a ledger and a fence is fenced durably before its ledger goes', async () => {
+    class Watched extends CaptureLedger {
+      synced: string[][] = [];
+      override async syncDirectory(): Promise<void> {
+        await super.syncDirectory();
+        this.synced.push(await files(this));
+      }
+    }
+    const ledger = await new Watched(await tempDir()).init();
+    // What a retire that stopped between its fence and its removal leaves.
+    await ledger.append('r', row('dead'));
+    await writeFile(join(ledger.dir, 'r.lineage.retired'), '');
+    await ledger.append('s', row('dead'));
+    ledger.synced = [];
+    expect(await ledger.retire(['r', 's'])).toEqual({ removed: ['r', 's'], absent: [] });
+    expect(ledger.synced).toEqual([
+      ['r.lineage.jsonl', 'r.lineage.retired', 's.lineage.retired'],
+      ['r.lineage.retired', 's.lineage.retired'],
+    ]);
+    expect(await ledger.isRetired('r')).toBe(true);
+  });
+
+  it('a restore writes exactly the checkpoint rows as each target ledger, also where a longer retired ledger was', async () => {
     const ledger = await ledgerAt();
     const long = 'x'.repeat(500);
     for (const id of ['d1', 'd2', 'd3']) await ledger.append('r', row(id, { long }));
@@ -205,46 +262,79 @@ describe('CaptureLedger files', () => {
     ]);
   });
 
-  it('a restore keeps the ledger of a retired key a delete made reusable after its fence', async () => {
-    class Racing extends CaptureLedger {
-      race = false;
-      override async syncDirectory(): Promise<void> {
-        await super.syncDirectory();
-        if (!this.race) return;
-        this.race = false;
-        await this.delete(['r']);
-        await this.append('r', row('reused'));
-      }
-    }
-    const ledger = await new Racing(await tempDir()).init();
-    await ledger.append('r', row('dead'));
-    ledger.race = true;
-    expect(await ledger.restore(new Map([['r-a1', []]]), ['r'])).toEqual({
-      removed: [],
-      absent: ['r'],
-    });
-    expect(await ledger.exportRows('r')).toEqual([row('reused')]);
+  it('a restore with no old ledgers still creates the targets and fences the retired keys', async () => {
+    const ledger = await ledgerAt();
+    const targets = new Map([
+      ['r-a1', [row('c1'), row('c2')]],
+      ['s-a1', [row('c3')]],
+    ]);
+    expect(await ledger.restore(targets, ['r', 's'])).toEqual({ removed: [], absent: ['r', 's'] });
+    expect(await rowsOf(ledger, ['r-a1', 's-a1'])).toEqual([...targets.values()]);
+    expect(await files(ledger)).toEqual([
+      'r-a1.lineage.jsonl',
+      'r.lineage.retired',
+      's-a1.lineage.jsonl',
+      's.lineage.retired',
+    ]);
+    expect(await readFile(join(ledger.dir, 'r.lineage.retired'), 'utf8')).toBe('');
   });
 
-  it('a restore removes a retired ledger written after its first listing, before the fence', async () => {
-    class Late extends CaptureLedger {
-      late = false;
+  it('a restore lists the directory holding its stripes, so an append racing it lands wholly after it', async () => {
+    class Racing extends CaptureLedger {
+      late: Promise<'written' | 'discarded'> | undefined;
       override async listByRollout(rollouts: ReadonlyMap<string, unknown>) {
         const index = await super.listByRollout(rollouts);
-        if (this.late) {
-          this.late = false;
-          await this.append('r', row('late'));
-        }
+        this.late ??= this.append('r', row('late'));
         return index;
       }
     }
-    const ledger = await new Late(await tempDir()).init();
-    ledger.late = true;
+    const ledger = await new Racing(await tempDir()).init();
     expect(await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r'])).toEqual({
-      removed: ['r'],
-      absent: [],
+      removed: [],
+      absent: ['r'],
     });
+    expect(await ledger.late).toBe('discarded');
     expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r.lineage.retired']);
+  });
+
+  it('a batch takes its stripes in ascending order, waiting for a held one with none above it held', async () => {
+    const ledger = await ledgerAt();
+    const ids = Array.from({ length: 16 }, (_, i) => `r${i}`);
+    const byStripe = [...new Map(ids.map((id) => [lockStripe(id), id]))].sort(([a], [b]) => a - b);
+    const [z, x, y] = byStripe.map(([, id]) => id) as [string, string, string];
+    const lockOf = (id: string) => join(ledger.dir, '.locks', `stripe-${lockStripe(id)}`);
+    const options = { realpath: false };
+    // Another process holds x's stripe, and will want y's after it (ascending, as ledgers do).
+    const releaseX = await lockfile.lock(lockOf(x), options);
+    const retire = ledger.retire([y, x, z]);
+    await until(
+      async () => (await lockfile.check(lockOf(z), options)) || lockfile.check(lockOf(y), options),
+      'the batch to take a stripe',
+    );
+    // A batch waiting for x while holding y would never get it: this lock would give up.
+    const retries = { retries: 100, minTimeout: 5, maxTimeout: 50 };
+    const releaseY = await lockfile.lock(lockOf(y), { ...options, retries });
+    await releaseY();
+    await releaseX();
+    expect(await retire).toEqual({ removed: [], absent: [x, y, z].sort() });
+  });
+
+  it('overlapping batches from one ledger and from two sharing a directory all finish, each ledger retired once', async () => {
+    const mine = await ledgerAt();
+    const theirs = await new CaptureLedger(mine.dir).init();
+    const keys = Array.from({ length: 64 }, (_, i) => `k${i}`);
+    for (const key of keys) await mine.append(key, row(key));
+    const backwards = [...keys].reverse();
+    const next = new Map(backwards.map((key) => [`${key}-a1`, [row(key)]]));
+    const removals = await Promise.all([
+      mine.retire(keys),
+      mine.retire(backwards),
+      theirs.retire(backwards),
+      theirs.restore(next, backwards),
+    ]);
+    expect(removals.flatMap((removal) => removal.removed).sort()).toEqual([...keys].sort());
+    for (const key of keys) expect(await mine.isRetired(key)).toBe(true);
+    expect(await rowsOf(mine, [...next.keys()])).toEqual([...next.values()]);
   });
 
   it('waits for a rollout’s stripe lock another process holds', async () => {

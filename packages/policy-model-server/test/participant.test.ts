@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
+import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
 import { afterEach, describe, expect, it } from '@jest/globals';
 
 import {
@@ -100,6 +101,22 @@ describe('commit', () => {
     });
     await fakeCtl(h.fake, 'release');
     expect((await held).status).toBe(200);
+  });
+
+  it('an exported record carries its rows as the JSON the ledger took when each was appended', async () => {
+    const h = await startHarness();
+    expect((await chat(h.url, 'r')).status).toBe(200);
+    const participant = h.server.participant!;
+    const [first] = await participant.export(episodes('r'), new AbortController().signal);
+    const pieces = first![RECORD_FIELDS_JSON]?.join('');
+    expect(pieces).toBe(
+      encodeJson({ rows: first!.rows, generation_cuts: first!.generation_cuts }).slice(1, -1),
+    );
+    // The text is the ledger's, not encoded from the exported rows: changing one in place (which
+    // nothing may do) does not change the next export's text.
+    first!.rows[0]!.route = 'changed';
+    const [again] = await participant.export(episodes('r'), new AbortController().signal);
+    expect(again![RECORD_FIELDS_JSON]?.join('')).toBe(pieces);
   });
 
   it('commit replies list staging keys, flat and per episode', () => {
