@@ -13,13 +13,16 @@ import {
   type EpisodeContext,
   type EpisodeId,
   episodeIdFromJson,
+  encodeJson,
   EpisodeSteps,
+  IdleQueue,
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
   nextAttempt,
   type PrepareReport,
   prepareReport,
+  RECORD_FIELDS_JSON,
   RetireIncompleteError,
   sameEpisode,
   StaleAttemptError,
@@ -31,6 +34,30 @@ import { RolloutIndex } from './sessions.js';
 
 export type SessionState = 'idle' | 'running' | 'at_boundary';
 
+/**
+ * The record's fields as the store writes them, from JSON mostly encoded ahead: the boundary's
+ * (built once per boundary) and the session state's (by object, see `exportAgentSessions`). None
+ * when something is not JSON: the store then reports it against the episode.
+ */
+function recordPieces(
+  s: Session,
+  record: AgentSessionRecord,
+  sessionJson: (state: JsonValue) => string,
+): string[] | undefined {
+  try {
+    return [
+      `"session_key":${encodeJson(record.session_key)},"session":`,
+      sessionJson(record.session),
+      ',"boundary":',
+      s.exportedBoundaryJson(),
+      ',"episode":',
+      encodeJson(record.episode),
+    ];
+  } catch {
+    return undefined;
+  }
+}
+
 export interface RestoredAgentSession {
   sessionKey: string;
   /** The replacement attempt the session is installed under. */
@@ -40,7 +67,11 @@ export interface RestoredAgentSession {
 
 /** What an agent implements to take part in checkpoints. All hooks are async. */
 export interface AgentSessionHooks {
-  /** Exports every session of `keys` at once; each key must be answered. */
+  /**
+   * Exports every session of `keys` at once; each key must be answered. Answering an unchanged
+   * session with the same object as before lets the participant reuse the JSON it encoded for it
+   * (that object must then never change).
+   */
   exportAgentSessions(keys: readonly string[]): Promise<ReadonlyMap<string, JsonValue>>;
   /** Installs restored sessions, all or nothing. */
   restoreAgentSessions(sessions: readonly RestoredAgentSession[]): Promise<void>;
@@ -99,7 +130,9 @@ class Activation {
 
 class Session {
   state: SessionState = 'idle';
-  boundary: (() => JsonObject) | null = null;
+  #boundary: (() => JsonObject) | null = null;
+  /** The boundary built (its builder pins what it reads) and encoded once; cleared with it. */
+  #built: { value: JsonObject; json: string | undefined } | undefined;
   continuation: JsonObject | null = null;
   restoredPending = false;
   retired = false;
@@ -113,6 +146,29 @@ class Session {
     readonly key: string,
     public episode: EpisodeId,
   ) {}
+
+  get boundary(): (() => JsonObject) | null {
+    return this.#boundary;
+  }
+
+  set boundary(build: (() => JsonObject) | null) {
+    this.#boundary = build;
+    this.#built = undefined;
+  }
+
+  /** What an export holds as `boundary`: at a boundary its built state, else a restored one. */
+  exportedBoundary(): JsonObject | null {
+    if (this.state !== 'at_boundary' || !this.#boundary) return this.continuation;
+    this.#built ??= { value: this.#boundary(), json: undefined };
+    return this.#built.value;
+  }
+
+  exportedBoundaryJson(): string {
+    const value = this.exportedBoundary();
+    if (!this.#built || value !== this.#built.value) return encodeJson(value);
+    this.#built.json ??= encodeJson(value);
+    return this.#built.json;
+  }
 }
 
 /** The blocking rule: a session holds up prepare while retired, closing, or between boundaries. */
@@ -168,6 +224,15 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   private readonly sessions = new Map<string, Session>();
   private readonly sessionsByRollout = new RolloutIndex<Session>();
   private readonly blocking = new Set<Session>();
+  /** Sessions at a boundary, whose boundary and state are encoded in idle turns ahead of a commit. */
+  private readonly encodeAhead = new IdleQueue<Session>(async (s) => {
+    if (this.sessions.get(s.key) !== s) return;
+    s.exportedBoundaryJson();
+    const state = (await this.hooks.exportAgentSessions([s.key])).get(s.key);
+    if (state !== undefined) this.sessionJson(state);
+  });
+  /** The JSON of exported session states, by object (see `exportAgentSessions`). */
+  private readonly sessionTexts = new WeakMap<object, string>();
   private readonly seeds = new RolloutIndex<SeedInProgress>();
   private readonly seedList = new Set<SeedInProgress>();
   private readonly direct = new RolloutIndex<DirectCall>();
@@ -293,6 +358,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     const tracked = this.sessions.get(s.key) === s;
     if (tracked && sessionBlocks(s)) this.blocking.add(s);
     else this.blocking.delete(s);
+    if (tracked && s.state === 'at_boundary' && s.boundary) this.encodeAhead.add(s);
     // Outside a checkpoint nobody waits on readiness.
     if (!this.accepting) this.notifyChange();
   }
@@ -316,6 +382,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.sessions.delete(s.key);
     this.sessionsByRollout.delete(s.episode.rollout_id, s);
     this.blocking.delete(s);
+    this.encodeAhead.delete(s);
     if (!this.accepting) this.notifyChange();
   }
 
@@ -605,17 +672,31 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
           .join(', ')}]`,
       );
     }
-    return chosen.map((s, i) => ({
-      episode_id: s.episode,
-      session_key: s.key,
-      session: states[i]!,
-      // At a boundary: its builder; otherwise a restored boundary nothing continued yet.
-      boundary: s.state === 'at_boundary' && s.boundary ? s.boundary() : s.continuation,
-      episode: s.legacy
-        ? (legacy.get(s.key) ??
-          (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
-        : null,
-    }));
+    return chosen.map((s, i) => {
+      const record: AgentSessionRecord = {
+        episode_id: s.episode,
+        session_key: s.key,
+        session: states[i]!,
+        boundary: s.exportedBoundary(),
+        episode: s.legacy
+          ? (legacy.get(s.key) ??
+            (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
+          : null,
+      };
+      const pieces = recordPieces(s, record, (state) => this.sessionJson(state));
+      if (pieces !== undefined) record[RECORD_FIELDS_JSON] = pieces;
+      return record;
+    });
+  }
+
+  private sessionJson(state: JsonValue): string {
+    if (typeof state !== 'object' || state === null) return encodeJson(state);
+    let text = this.sessionTexts.get(state);
+    if (text === undefined) {
+      text = encodeJson(state);
+      this.sessionTexts.set(state, text);
+    }
+    return text;
   }
 
   /**

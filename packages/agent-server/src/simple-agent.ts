@@ -384,9 +384,29 @@ export function simpleAgentConfig(config: Readonly<Record<string, unknown>>): Si
   };
 }
 
-/** What a session's export holds. */
+/** Each entry's last export with what it was built from (observations grow in place). */
+const lastExports = new WeakMap<
+  AgentSessionEntry<SimpleSessionState>,
+  { value: JsonObject; from: readonly unknown[] }
+>();
+
+/**
+ * What a session's export holds: the same object while nothing in it changed, so the agent
+ * participant reuses the JSON it encoded ahead of a commit.
+ */
 export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): JsonObject {
-  return {
+  const from = [
+    entry.request,
+    entry.state.resourcesCookies,
+    entry.state.observations,
+    entry.state.observations.length,
+    entry.activations,
+    entry.completedActivation,
+    entry.completedReply,
+  ];
+  const last = lastExports.get(entry);
+  if (last && last.from.every((part, i) => part === from[i])) return last.value;
+  const value: JsonObject = {
     request: entry.request as unknown as JsonObject,
     resources_cookies: entry.state.resourcesCookies,
     observations: entry.state.observations,
@@ -394,6 +414,8 @@ export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): Jso
     completed_activation: entry.completedActivation,
     completed_reply: entry.completedReply as unknown as JsonValue,
   };
+  lastExports.set(entry, { value, from });
+  return value;
 }
 
 /** The seed's one direct HTTP grant (or none); what Simple Agent cannot serve is refused. */

@@ -1,3 +1,5 @@
+import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+
 import {
   activate,
   closeSession,
@@ -220,6 +222,30 @@ describe('agent participant: activations under checkpointing', () => {
     await resume(h, 'c1');
     expect((await running).status).toBe(200);
     expect(h.resources.calls).toHaveLength(1);
+  });
+
+  test('a session held at a model call is exported with its fields already JSON, and its boundary and state JSON are reused', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const held = h.model.holdNext();
+    const running = activate(h, s, 'r1', 1);
+    await held.arrived;
+    await new Promise((r) => setImmediate(r)); // the idle turn that encodes
+    const [record] = await h.agent.participant!.export(null, new AbortController().signal);
+    const { episode_id: _, ...fields } = record!;
+    const pieces = record![RECORD_FIELDS_JSON]?.join('');
+    expect(pieces).toBe(encodeJson(fields).slice(1, -1));
+    // Built once (and encoded in an idle turn): a second export reuses it.
+    const [again] = await h.agent.participant!.export(null, new AbortController().signal);
+    expect(again!.boundary).toBe(record!.boundary);
+    // An unchanged session is exported as the same object, whose JSON is reused: changing it in
+    // place (which an agent must not do) shows the text is the one encoded before.
+    expect(again!.session).toBe(record!.session);
+    (record!.session as Record<string, unknown>).activations = 99;
+    const [third] = await h.agent.participant!.export(null, new AbortController().signal);
+    expect(third![RECORD_FIELDS_JSON]?.join('')).toBe(pieces);
+    held.gate.open();
+    expect((await running).status).toBe(200);
   });
 
   test('a boundary leaves out the turn questions, and a resumed loop rebuilds them', async () => {

@@ -5,13 +5,15 @@ import { createHttpClients, createLogger, type JsonObject, listen } from '@ckpt-
 import type { ActivationHandle } from '../src/participant.js';
 
 import { createAgentServer } from '../src/app.js';
-import { mergeSetCookies } from '../src/sessions.js';
+import { type AgentSeedRequest, type AgentSessionEntry, mergeSetCookies } from '../src/sessions.js';
 import {
+  exportSession,
   type LoopState,
   rebuildQuestions,
   runTurnLoop,
   simpleAgent,
   simpleAgentConfig,
+  type SimpleSessionState,
   toolBaseUrl,
 } from '../src/simple-agent.js';
 import { activate, type Harness, seed, startStack } from './support/harness.js';
@@ -180,5 +182,44 @@ describe('Simple Agent boundaries', () => {
     expect(continued.toolCalls).toBe(1);
     expect(continued.modelCalls).toBe(1);
     expect(continued.result.state.question_outputs).toEqual([0, 2]);
+  });
+});
+
+describe('session export', () => {
+  function entry(): AgentSessionEntry<SimpleSessionState> {
+    return {
+      id: 'sess-1',
+      request: {
+        agent_session_id: 'sess-1',
+        episode_id: { rollout_id: 'r1', attempt: 0 },
+        task_id: null,
+        tool_accesses: [],
+        sandbox_access: null,
+      } as unknown as AgentSeedRequest,
+      fingerprint: 'f',
+      episode: { rollout_id: 'r1', attempt: 0 },
+      activations: 1,
+      completedActivation: 0,
+      completedReply: null,
+      closing: false,
+      state: { toolAccess: null, resourcesCookies: { a: '1' }, observations: [] },
+    };
+  }
+
+  test('an unchanged session is exported as the same object, a changed one as a new one', () => {
+    const e = entry();
+    const first = exportSession(e);
+    expect(exportSession(e)).toBe(first);
+    e.state.observations.push({ invocation: 'root' });
+    const grown = exportSession(e);
+    expect(grown).not.toBe(first);
+    expect(grown.observations).toHaveLength(1);
+    e.completedActivation = 1;
+    const completed = exportSession(e);
+    expect(completed).not.toBe(grown);
+    expect(completed.completed_activation).toBe(1);
+    e.state.resourcesCookies = { a: '2' };
+    expect(exportSession(e)).not.toBe(completed);
+    expect(exportSession(e).resources_cookies).toEqual({ a: '2' });
   });
 });

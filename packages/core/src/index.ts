@@ -6,6 +6,7 @@ export * from './logging.js';
 export * from './store.js';
 export * from './fsync.js';
 export * from './steps.js';
+export * from './idle-queue.js';
 export * from './express.js';
 export * from './control/index.js';
 export * from './http-client.js';

@@ -9,7 +9,8 @@
  * boundary before the step is exported and the step runs again after a crash).
  */
 import { CheckpointError, DeadlineExceededError, StaleAttemptError } from './errors.js';
-import type { JsonObject } from './json.js';
+import { IdleQueue } from './idle-queue.js';
+import { encodeJson, type JsonObject } from './json.js';
 import { MAX_REPORTED_BLOCKERS } from './participant.js';
 
 export type StepMode = 'wait' | 'replay';
@@ -40,6 +41,15 @@ export function isBlocking(episode: EpisodeFlags): boolean {
   return (
     episode.retired ||
     (!episode.restart && (episode.state === 'running' || episode.state === 'wait_step'))
+  );
+}
+
+/** What a checkpoint exports: episodes parked or inside a replay step, not retired, not restarts. */
+function isExportable(episode: EpisodeFlags): boolean {
+  return (
+    (episode.state === 'parked' || episode.state === 'replay_step') &&
+    !episode.retired &&
+    !episode.restart
   );
 }
 
@@ -140,7 +150,9 @@ class Episode implements EpisodeView {
   finishing = false;
   /** False once forgotten: a late call from a finished episode then changes nothing. */
   tracked = true;
-  boundary: BoundaryInput | null;
+  #boundary: BoundaryInput | null;
+  /** The exported boundary's JSON, once encoded; cleared whenever the boundary changes. */
+  #boundaryJson: string | undefined;
   continuation: Boundary | null;
   deadline: SuspendableDeadline | undefined;
   readonly controller = new AbortController();
@@ -154,7 +166,7 @@ class Episode implements EpisodeView {
     public restart: boolean,
     continuation: Boundary | null,
   ) {
-    this.boundary = continuation;
+    this.#boundary = continuation;
     this.continuation = continuation;
     this.controller.signal.addEventListener('abort', () => this.wake(), { once: true });
   }
@@ -174,9 +186,23 @@ class Episode implements EpisodeView {
     resolve?.();
   }
 
+  get boundary(): BoundaryInput | null {
+    return this.#boundary;
+  }
+
+  set boundary(state: BoundaryInput | null) {
+    this.#boundary = state;
+    this.#boundaryJson = undefined;
+  }
+
   exportedBoundary(): Boundary | null {
-    if (typeof this.boundary === 'function') this.boundary = this.boundary();
-    return this.boundary;
+    if (typeof this.#boundary === 'function') this.#boundary = this.#boundary();
+    return this.#boundary;
+  }
+
+  exportedBoundaryJson(): string {
+    this.#boundaryJson ??= encodeJson(this.exportedBoundary());
+    return this.#boundaryJson;
   }
 }
 
@@ -200,6 +226,10 @@ export class EpisodeSteps {
   private isClosed = false;
   /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
   private blocking = 0;
+  /** Episodes whose exported boundary is encoded ahead of a commit. */
+  private readonly toEncode = new IdleQueue<Episode>((ep) => {
+    if (ep.tracked && isExportable(ep)) ep.exportedBoundaryJson();
+  });
 
   constructor(options: EpisodeStepsOptions = {}) {
     this.onChange = options.onChange;
@@ -317,11 +347,19 @@ export class EpisodeSteps {
   exported(): Map<string, Boundary | null> {
     const out = new Map<string, Boundary | null>();
     for (const ep of this.episodes.values()) {
-      if ((ep.state === 'parked' || ep.state === 'replay_step') && !ep.retired && !ep.restart) {
-        out.set(ep.key, ep.exportedBoundary());
-      }
+      if (isExportable(ep)) out.set(ep.key, ep.exportedBoundary());
     }
     return out;
+  }
+
+  /**
+   * The JSON text of the boundary `exported()` gives for `key` (undefined when `key` is not tracked).
+   * Usually encoded already: an episode's boundary is encoded in idle turns once the episode
+   * parks or enters a replay step, the states a checkpoint exports it in, so a commit of thousands
+   * of episodes writes text instead of encoding (and allocating) while every rollout waits.
+   */
+  boundaryJson(key: string): string | undefined {
+    return this.episodes.get(key)?.exportedBoundaryJson();
   }
 
   /** Sorted keys of restarts not being retired. */
@@ -362,6 +400,7 @@ export class EpisodeSteps {
     mutate();
     const after = ep.tracked && isBlocking(ep);
     if (before !== after) this.blocking += after ? 1 : -1;
+    if (ep.tracked && isExportable(ep)) this.toEncode.add(ep);
     this.changed();
   }
 
@@ -370,6 +409,7 @@ export class EpisodeSteps {
     if (isBlocking(ep)) this.blocking -= 1;
     ep.tracked = false;
     this.episodes.delete(ep.key);
+    this.toEncode.delete(ep);
     ep.deadline?.cancel();
     this.changed();
   }

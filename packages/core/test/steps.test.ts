@@ -145,22 +145,58 @@ describe('boundaries and parking', () => {
     expect(reached).toBe(true);
   });
 
-  test('a lazy boundary is built only when exported', async () => {
+  test('a lazy boundary is built only once its episode is where a checkpoint exports it', async () => {
     const steps = new EpisodeSteps();
-    const build = jest.fn(() => ({ stage: 'verify' }));
+    const running = jest.fn(() => ({ stage: 'plan' }));
+    const parked = jest.fn(() => ({ stage: 'verify' }));
+    const atBoundary = gate();
     const hold = gate();
     const run = steps.run('a', {}, async (ep) => {
-      await ep.boundary(build);
-      steps.close();
-      await ep.boundary(build);
+      await ep.boundary(running);
+      await atBoundary.promise;
+      await ep.boundary(parked);
       await hold.promise;
     });
     await flush();
-    expect(build).not.toHaveBeenCalled();
+    expect(running).not.toHaveBeenCalled();
+    steps.close();
+    atBoundary.resolve();
+    await flush();
+    await flush(); // the idle turn that encodes
+    expect(steps.state('a')?.state).toBe('parked');
+    // Built (and encoded) in an idle turn, ahead of the commit; the export reuses it.
+    expect(parked).toHaveBeenCalledTimes(1);
     expect(steps.exported()).toEqual(new Map([['a', { stage: 'verify' }]]));
-    expect(build).toHaveBeenCalledTimes(1);
+    expect(steps.boundaryJson('a')).toBe('{"stage":"verify"}');
+    expect(parked).toHaveBeenCalledTimes(1);
+    expect(running).not.toHaveBeenCalled();
     steps.open();
     hold.resolve();
+    await run;
+  });
+
+  test('the boundary before a replay step is encoded ahead, and a new boundary is encoded afresh', async () => {
+    const steps = new EpisodeSteps();
+    const first = jest.fn(() => ({ n: 1 }));
+    const stepDone = gate();
+    const afterStep = gate();
+    const run = steps.run('a', {}, async (ep) => {
+      await ep.boundary(first);
+      await ep.step('replay', () => stepDone.promise);
+      await ep.boundary({ n: 2 });
+      await afterStep.promise;
+    });
+    await flush();
+    await flush(); // the idle turn that encodes
+    expect(steps.state('a')?.state).toBe('replay_step');
+    expect(first).toHaveBeenCalledTimes(1);
+    expect(steps.boundaryJson('a')).toBe('{"n":1}');
+    stepDone.resolve();
+    await flush();
+    expect(steps.state('a')?.state).toBe('running');
+    expect(steps.boundaryJson('a')).toBe('{"n":2}');
+    expect(steps.boundaryJson('missing')).toBeUndefined();
+    afterStep.resolve();
     await run;
   });
 });

@@ -12,6 +12,7 @@ import {
   type Boundary,
   captureKey,
   CheckpointError,
+  type CheckpointRecord,
   CheckpointStateError,
   covers,
   type EpisodeContext,
@@ -25,12 +26,12 @@ import {
   parseCaptureKey,
   type PrepareReport,
   prepareReport,
+  RECORD_FIELDS_JSON,
   RetireIncompleteError,
   StaleAttemptError,
 } from '@ckpt-gym/core';
 
-export interface EnvironmentRecord {
-  episode_id: EpisodeId;
+export interface EnvironmentRecord extends CheckpointRecord {
   task_digest: string;
   /** Null: no boundary was recorded; the episode starts over from its input. */
   boundary: Boundary | null;
@@ -219,12 +220,30 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
       if (this.carriedRestarts.has(key)) continue;
       const live = this.digests.get(key);
       if (live === undefined) continue;
-      records.push({ episode_id: live.episode, task_digest: live.digest, boundary });
+      const record: EnvironmentRecord = {
+        episode_id: live.episode,
+        task_digest: live.digest,
+        boundary,
+      };
+      const json = this.boundaryJson(key);
+      // A digest is hex: its JSON string needs no escaping.
+      if (json !== undefined)
+        record[RECORD_FIELDS_JSON] = [`"task_digest":"${live.digest}","boundary":`, json];
+      records.push(record);
     }
     for (const [key, record] of this.restored) {
       if (inScope === null || inScope.has(key)) records.push(copyRecord(record, record.episode_id));
     }
     return Promise.resolve(records);
+  }
+
+  /** The boundary's JSON, mostly encoded ahead; none when it is not JSON (the store says so). */
+  private boundaryJson(key: string): string | undefined {
+    try {
+      return this.steps.boundaryJson(key);
+    } catch {
+      return undefined;
+    }
   }
 
   validateRecord(record: JsonObject, key: string): EnvironmentRecord {

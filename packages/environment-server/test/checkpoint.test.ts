@@ -6,7 +6,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { CheckpointStateError } from '@ckpt-gym/core';
+import { CheckpointStateError, encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
 import { jest } from '@jest/globals';
 
 import { EnvironmentParticipant } from '../src/participant.js';
@@ -268,6 +268,19 @@ describe('checkpoints', () => {
     expect(second.agent.paths()).toEqual(['/v1/agent_sessions/close']);
     expect(second.resources.paths()).toEqual(['/verify', '/close_session']);
     expect(second.resources.calls.every((c) => c.key === 'r1-a1')).toBe(true);
+  });
+
+  it('an episode in a replay step is exported with its fields already JSON, as the store would write them', async () => {
+    const x = await server();
+    x.agent.on('/v1/responses', { gate: new Gate() });
+    x.background(runBody('r1'));
+    await x.agent.arrived('/v1/responses');
+    const [record] = await x.env.participant!.export([R1]);
+    const pieces = record![RECORD_FIELDS_JSON];
+    expect(pieces?.join('')).toBe(
+      encodeJson({ task_digest: record!.task_digest, boundary: record!.boundary }).slice(1, -1),
+    );
+    expect(record!.boundary).toMatchObject({ next: 'invoke_agent' });
   });
 
   it('a commit does not export live episodes outside its scope', async () => {

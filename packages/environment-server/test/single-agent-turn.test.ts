@@ -270,7 +270,7 @@ describe('boundaries with checkpointing off', () => {
     expect(built.count).toBe(0);
   });
 
-  it('are built when a checkpoint exports them', async () => {
+  it('are built once, when the episode enters a step a checkpoint exports it in, and a commit reuses them', async () => {
     const built = { count: 0 };
     const gate = new Gate();
     const protocol: EnvironmentProtocol = {
@@ -286,8 +286,8 @@ describe('boundaries with checkpointing off', () => {
     };
     const x = await start({ checkpoint: true, protocol });
     const run = x.run(runBody('r1'));
-    await until(() => x.report().counts.episodes === 1, 'the episode to start');
-    expect(built.count).toBe(0);
+    // Built (and encoded) in an idle turn once the replay step starts, ahead of any checkpoint.
+    await until(() => built.count === 1, 'the boundary to be built ahead');
     expect((await x.prepare('c1')).body.phase).toBe('prepared');
     const commit = await x.commit('c1', null);
     expect(commit.body.episode_ids).toEqual(['r1']);
