@@ -93,15 +93,19 @@ function bytesUnder(dir) {
   return total;
 }
 
-/** CPU time (user + system, ms) of each gym server process so far, from /proc (Linux). */
-function serverCpuMs(handle) {
+/**
+ * CPU time (ms) of each gym server process so far, from /proc (Linux): user + system, or only
+ * system (kernel) time with `kernelOnly`.
+ */
+function serverCpuMs(handle, kernelOnly = false) {
   const cpu = {};
   for (const server of handle.servers.values()) {
     if (server.kind === 'inference') continue;
     try {
       // Fields after the command name: state is 3rd, utime 14th and stime 15th of the whole line.
       const fields = readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');
-      cpu[server.name] = ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+      const ticks = (kernelOnly ? 0 : Number(fields[11])) + Number(fields[12]);
+      cpu[server.name] = (ticks * 1000) / 100;
     } catch {
       // Not Linux, or the process is gone.
     }
@@ -109,18 +113,26 @@ function serverCpuMs(handle) {
   return cpu;
 }
 
-/** What each server spent of the CPU while `fn` ran, and in all (2 cores = 2 s of CPU a second). */
+/**
+ * What each server spent of the CPU while `fn` ran, and in all (2 cores = 2 s of CPU a second);
+ * `kernel` is the system-time share (file and socket work in the kernel).
+ */
 async function cpuDuring(handle, fn) {
   const before = serverCpuMs(handle);
+  const kernelBefore = serverCpuMs(handle, true);
   const value = await fn();
   const after = serverCpuMs(handle);
-  const spent = Object.fromEntries(
-    Object.keys(after)
-      .filter((name) => name in before)
-      .map((name) => [name, Math.round(after[name] - before[name])]),
-  );
-  spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
-  return { value, spent };
+  const kernelAfter = serverCpuMs(handle, true);
+  const difference = (from, to) => {
+    const spent = Object.fromEntries(
+      Object.keys(to)
+        .filter((name) => name in from)
+        .map((name) => [name, Math.round(to[name] - from[name])]),
+    );
+    spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
+    return spent;
+  };
+  return { value, spent: difference(before, after), kernel: difference(kernelBefore, kernelAfter) };
 }
 
 /**
@@ -276,10 +288,11 @@ async function main() {
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
     const committed = await time('commit', async () => {
-      const { value, spent } = await cpuDuring(handle, () =>
+      const { value, spent, kernel } = await cpuDuring(handle, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
       cpuMs.commit = spent;
+      cpuMs['commit, kernel only'] = kernel;
       return value;
     });
     const exported = committed.env.episode_ids;
@@ -294,10 +307,11 @@ async function main() {
     await time('restart', () => handle.restart());
     const fresh = participants();
     const restored = await time('restore', async () => {
-      const { value, spent } = await cpuDuring(handle, () =>
+      const { value, spent, kernel } = await cpuDuring(handle, () =>
         restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
       );
       cpuMs.restore = spent;
+      cpuMs['restore, kernel only'] = kernel;
       return value;
     });
     await time('resume', () => resume(fresh, 'scale-r1', seconds(DEADLINE_S)));
