@@ -183,6 +183,14 @@ function elapsedMs(from: number, to: number): number {
   return Math.round(to - from);
 }
 
+/**
+ * CPU the whole process used between two readings (every thread: the collector's helpers too, and
+ * whatever else the process did meanwhile), in ms.
+ */
+function cpuMs(from: NodeJS.CpuUsage, to: NodeJS.CpuUsage): number {
+  return Math.round((to.user - from.user + to.system - from.system) / 1000);
+}
+
 function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
@@ -397,6 +405,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
       const startedAt = performance.now();
+      const cpuAtStart = process.cpuUsage();
       let records: R[];
       try {
         records = await bound(work.exported.promise);
@@ -422,8 +431,10 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         );
       }
       const exportedAt = performance.now();
+      const cpuAtExport = process.cpuUsage();
       const manifest = await bound(current.write.promise);
       const writtenAt = performance.now();
+      const cpuAtWrite = process.cpuUsage();
 
       if (current.args.scope !== null) {
         const scopeKeys = current.args.scope;
@@ -464,6 +475,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         export_ms: elapsedMs(startedAt, exportedAt),
         write_ms: elapsedMs(exportedAt, writtenAt),
         total_ms: elapsedMs(startedAt, performance.now()),
+        export_cpu_ms: cpuMs(cpuAtStart, cpuAtExport),
+        write_cpu_ms: cpuMs(cpuAtExport, cpuAtWrite),
       });
       return reply;
     });
@@ -566,6 +579,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       let records: R[];
       const startedAt = performance.now();
       let readAt = startedAt;
+      const cpuAtStart = process.cpuUsage();
+      let cpuAtRead = cpuAtStart;
       try {
         ({ manifest: source, records } = await bound(
           this.#storage.read<R>({
@@ -577,6 +592,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
           }),
         ));
         readAt = performance.now();
+        cpuAtRead = process.cpuUsage();
         const earlierInstall = this.#install;
         if (earlierInstall) await bound(earlierInstall.settled());
         // Taking over: an earlier failed restore no longer reopens when its install ends.
@@ -613,6 +629,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         records: records.length,
         read_ms: elapsedMs(startedAt, readAt),
         install_ms: elapsedMs(readAt, performance.now()),
+        read_cpu_ms: cpuMs(cpuAtStart, cpuAtRead),
+        install_cpu_ms: cpuMs(cpuAtRead, process.cpuUsage()),
       });
       return reply;
     });

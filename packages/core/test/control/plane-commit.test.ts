@@ -65,6 +65,18 @@ describe('commit', () => {
     expect(h.participant.admissionOpen).toBe(false);
   });
 
+  test('a commit logs where its time and its CPU went: export, write, total', async () => {
+    const h = harness();
+    await prepared(h, 'c1', ['r']);
+    await h.plane.commit(commitRequest(h, 'c1', ['r']));
+    const line = h.logger.lines.find((l) => l.message === 'checkpoint committed');
+    expect(line?.meta).toMatchObject({ checkpoint_id: 'c1', records: 1 });
+    for (const field of ['export_ms', 'write_ms', 'total_ms', 'export_cpu_ms', 'write_cpu_ms']) {
+      expect(line?.meta[field]).toEqual(expect.any(Number));
+      expect(line?.meta[field]).toBeGreaterThanOrEqual(0);
+    }
+  });
+
   test("a participant's extra reply key cannot replace a base key", async () => {
     const h = harness();
     h.participant.commitExtra = { manifest: 'mine' };

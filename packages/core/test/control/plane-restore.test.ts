@@ -42,6 +42,18 @@ describe('restore', () => {
     expect(h.participant.admissionOpen).toBe(false);
   });
 
+  test('a restore logs where its time and its CPU went: read and install', async () => {
+    const h = harness();
+    await withCheckpoint(h);
+    await h.plane.restore(restoreRequest(h, 'c9', 'src', ['r']));
+    const line = h.logger.lines.find((l) => l.message === 'checkpoint restored');
+    expect(line?.meta).toMatchObject({ checkpoint_id: 'c9', source_checkpoint_id: 'src' });
+    for (const field of ['read_ms', 'install_ms', 'read_cpu_ms', 'install_cpu_ms']) {
+      expect(line?.meta[field]).toEqual(expect.any(Number));
+      expect(line?.meta[field]).toBeGreaterThanOrEqual(0);
+    }
+  });
+
   test('restore validates only the records in scope', async () => {
     const h = harness();
     await withCheckpoint(h);
