@@ -393,6 +393,9 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       this.#renewLease(req.deadline_ts);
       if (this.#finalFailure !== null) throw new ExportFailedError(this.#finalFailure);
 
+      // Before the export starts: a participant's export may do all its work synchronously.
+      const startedAt = performance.now();
+      const cpuAtStart = process.cpuUsage();
       let work = this.#work;
       if (work === null) {
         work = this.#startCommit(req, args);
@@ -404,8 +407,6 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       const bound = <T>(p: Promise<T>): Promise<T> =>
         withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
-      const startedAt = performance.now();
-      const cpuAtStart = process.cpuUsage();
       let records: R[];
       try {
         records = await bound(work.exported.promise);

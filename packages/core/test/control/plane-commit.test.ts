@@ -77,6 +77,21 @@ describe('commit', () => {
     }
   });
 
+  test('export_ms covers an export that does all its work before its first await', async () => {
+    const h = harness();
+    await prepared(h, 'c1', ['r']);
+    const exportRecords = h.participant.export.bind(h.participant);
+    h.participant.export = (scope, signal) => {
+      // Synchronous work, as an export of thousands of in-memory episodes does.
+      const until = performance.now() + 30;
+      while (performance.now() < until);
+      return exportRecords(scope, signal);
+    };
+    await h.plane.commit(commitRequest(h, 'c1', ['r']));
+    const line = h.logger.lines.find((l) => l.message === 'checkpoint committed');
+    expect(line?.meta.export_ms).toBeGreaterThanOrEqual(30);
+  });
+
   test("a participant's extra reply key cannot replace a base key", async () => {
     const h = harness();
     h.participant.commitExtra = { manifest: 'mine' };
