@@ -94,23 +94,35 @@ function bytesUnder(dir) {
 }
 
 /**
- * CPU time (ms) of each gym server process so far, from /proc (Linux): user + system, or only
- * system (kernel) time with `kernelOnly`.
+ * CPU time (ms) of each gym server process so far, from /proc (Linux): `total` (user + system) and
+ * `kernel` (system only).
  */
-function serverCpuMs(handle, kernelOnly = false) {
-  const cpu = {};
+function serverCpuMs(handle) {
+  const cpu = { total: {}, kernel: {} };
   for (const server of handle.servers.values()) {
     if (server.kind === 'inference') continue;
     try {
       // Fields after the command name: state is 3rd, utime 14th and stime 15th of the whole line.
       const fields = readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');
-      const ticks = (kernelOnly ? 0 : Number(fields[11])) + Number(fields[12]);
-      cpu[server.name] = (ticks * 1000) / 100;
+      const [user, system] = [Number(fields[11]), Number(fields[12])];
+      cpu.total[server.name] = ((user + system) * 1000) / 100;
+      cpu.kernel[server.name] = (system * 1000) / 100;
     } catch {
       // Not Linux, or the process is gone.
     }
   }
   return cpu;
+}
+
+/** Per server, and in all, what `to` adds to `from`. */
+function difference(from, to) {
+  const spent = Object.fromEntries(
+    Object.keys(to)
+      .filter((name) => name in from)
+      .map((name) => [name, Math.round(to[name] - from[name])]),
+  );
+  spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
+  return spent;
 }
 
 /**
@@ -119,20 +131,13 @@ function serverCpuMs(handle, kernelOnly = false) {
  */
 async function cpuDuring(handle, fn) {
   const before = serverCpuMs(handle);
-  const kernelBefore = serverCpuMs(handle, true);
   const value = await fn();
   const after = serverCpuMs(handle);
-  const kernelAfter = serverCpuMs(handle, true);
-  const difference = (from, to) => {
-    const spent = Object.fromEntries(
-      Object.keys(to)
-        .filter((name) => name in from)
-        .map((name) => [name, Math.round(to[name] - from[name])]),
-    );
-    spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
-    return spent;
+  return {
+    value,
+    spent: difference(before.total, after.total),
+    kernel: difference(before.kernel, after.kernel),
   };
-  return { value, spent: difference(before, after), kernel: difference(kernelBefore, kernelAfter) };
 }
 
 /**

@@ -11,6 +11,7 @@ import {
   restore,
   resume,
   seed,
+  type Seeded,
   startAgent,
   startStack,
   until,
@@ -51,6 +52,21 @@ async function checkpointInFirstModelCall(): Promise<{ next: Harness; cookie: st
   expect(restored.status).toBe(200);
   await resume(next, 'c1');
   return { next, cookie: s.cookie };
+}
+
+/**
+ * Seeds `sess-1` on r1, completes activation 1, checkpoints it (scope r1) and restores the
+ * checkpoint into a fresh process, resumed.
+ */
+async function restoredAfterActivation(): Promise<{ s: Seeded; next: Harness }> {
+  const s = await seed(h, 'sess-1', 'r1');
+  await activate(h, s, 'r1', 1);
+  await prepare(h, 'c1');
+  await commit(h, 'c1', [ep('r1')]);
+  const next = await freshProcess();
+  await restore(next, 'c1', [ep('r1')]);
+  await resume(next, 'c1');
+  return { s, next };
 }
 
 describe('agent participant: activations under checkpointing', () => {
@@ -116,13 +132,7 @@ describe('agent participant: activations under checkpointing', () => {
 
   test('a restored session’s next activation does not reuse an invocation id', async () => {
     h = await startStack();
-    const s = await seed(h, 'sess-1', 'r1');
-    await activate(h, s, 'r1', 1);
-    await prepare(h, 'c1');
-    await commit(h, 'c1', [ep('r1')]);
-    const next = await freshProcess();
-    await restore(next, 'c1', [ep('r1')]);
-    await resume(next, 'c1');
+    const { s, next } = await restoredAfterActivation();
     expect((await activate(next, s, 'r1-a1', 2)).status).toBe(200);
     const closed = await closeSession(next, s);
     const ids = (closed.body.agent_observations as { invocations: { invocation_id: string }[] })
@@ -338,13 +348,7 @@ describe('agent participant: activations under checkpointing', () => {
 
   test('a restored session answered with its stored reply survives a commit that leaves its episode out', async () => {
     h = await startStack();
-    const s = await seed(h, 'sess-1', 'r1');
-    await activate(h, s, 'r1', 1);
-    await prepare(h, 'c1');
-    await commit(h, 'c1', [ep('r1')]);
-    const next = await freshProcess();
-    await restore(next, 'c1', [ep('r1')]);
-    await resume(next, 'c1');
+    const { s, next } = await restoredAfterActivation();
     expect((await activate(next, s, 'r1-a1', 1)).status).toBe(200);
     await prepare(next, 'c2');
     expect(await commit(next, 'c2', [])).toEqual([]);
@@ -355,13 +359,7 @@ describe('agent participant: activations under checkpointing', () => {
 
   test('a commit whose scope leaves out an unclaimed restored session frees it', async () => {
     h = await startStack();
-    const s = await seed(h, 'sess-1', 'r1');
-    await activate(h, s, 'r1', 1);
-    await prepare(h, 'c1');
-    await commit(h, 'c1', [ep('r1')]);
-    const next = await freshProcess();
-    await restore(next, 'c1', [ep('r1')]);
-    await resume(next, 'c1');
+    const { next } = await restoredAfterActivation();
     await prepare(next, 'c2');
     await commit(next, 'c2', []);
     await resume(next, 'c2');
@@ -371,13 +369,7 @@ describe('agent participant: activations under checkpointing', () => {
 
   test('a commit scope matches a restored session by attempt, not by rollout alone', async () => {
     h = await startStack();
-    const s = await seed(h, 'sess-1', 'r1');
-    await activate(h, s, 'r1', 1);
-    await prepare(h, 'c1');
-    await commit(h, 'c1', [ep('r1')]);
-    const next = await freshProcess();
-    await restore(next, 'c1', [ep('r1')]);
-    await resume(next, 'c1');
+    const { next } = await restoredAfterActivation();
     await prepare(next, 'c2');
     // The replaced attempt r1 names the rollout, but not the session's attempt r1-a1.
     expect(await commit(next, 'c2', [ep('r1'), ep('r1', 2)])).toEqual([]);
@@ -401,13 +393,7 @@ describe('agent participant: activations under checkpointing', () => {
 
   test('a restored session’s direct HTTP tool call goes under the replacement prefix with the restored jar', async () => {
     h = await startStack();
-    const s = await seed(h, 'sess-1', 'r1');
-    await activate(h, s, 'r1', 1);
-    await prepare(h, 'c1');
-    await commit(h, 'c1', [ep('r1')]);
-    const next = await freshProcess();
-    await restore(next, 'c1', [ep('r1')]);
-    await resume(next, 'c1');
+    const { s, next } = await restoredAfterActivation();
     await activate(next, s, 'r1-a1', 2);
     expect(h.resources.calls.map((c) => [c.key, c.cookie])).toEqual([
       ['r1', 'res_session=seeded'],

@@ -38,6 +38,15 @@ async function files(ledger: CaptureLedger): Promise<string[]> {
   return (await readdir(ledger.dir)).filter((f) => f !== '.locks').sort();
 }
 
+/** A ledger that records the directory's files at each of its directory syncs. */
+class Watched extends CaptureLedger {
+  synced: string[][] = [];
+  override async syncDirectory(): Promise<void> {
+    await super.syncDirectory();
+    this.synced.push(await files(this));
+  }
+}
+
 describe('CaptureLedger files', () => {
   it('appends rows to <key>.lineage.jsonl and reads them back faithfully', async () => {
     const ledger = await ledgerAt();
@@ -200,13 +209,6 @@ describe('CaptureLedger files', () => {
   });
 
   it('a restore turns each retired ledger into its fence with no directory sync in between', async () => {
-    class Watched extends CaptureLedger {
-      synced: string[][] = [];
-      override async syncDirectory(): Promise<void> {
-        await super.syncDirectory();
-        this.synced.push(await files(this));
-      }
-    }
     const ledger = await new Watched(await tempDir()).init();
     await ledger.append('r', row('dead'));
     ledger.synced = [];
@@ -216,13 +218,6 @@ describe('CaptureLedger files', () => {
   });
 
   it('a key holding both a ledger and a fence is fenced durably before its ledger goes', async () => {
-    class Watched extends CaptureLedger {
-      synced: string[][] = [];
-      override async syncDirectory(): Promise<void> {
-        await super.syncDirectory();
-        this.synced.push(await files(this));
-      }
-    }
     const ledger = await new Watched(await tempDir()).init();
     // What a retire that stopped between its fence and its removal leaves.
     await ledger.append('r', row('dead'));
