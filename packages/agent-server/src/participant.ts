@@ -23,6 +23,7 @@ import {
   type PrepareReport,
   prepareReport,
   RECORD_FIELDS_JSON,
+  RecordedBoundary,
   RetireIncompleteError,
   sameEpisode,
   StaleAttemptError,
@@ -130,9 +131,8 @@ class Activation {
 
 class Session {
   state: SessionState = 'idle';
-  #boundary: (() => JsonObject) | null = null;
-  /** The boundary built (its builder pins what it reads) and encoded once; cleared with it. */
-  #built: { value: JsonObject; json: string | undefined } | undefined;
+  /** The activation's last boundary (a builder). */
+  readonly boundary = new RecordedBoundary();
   continuation: JsonObject | null = null;
   restoredPending = false;
   retired = false;
@@ -147,27 +147,17 @@ class Session {
     public episode: EpisodeId,
   ) {}
 
-  get boundary(): (() => JsonObject) | null {
-    return this.#boundary;
+  /** At a boundary: that boundary is exported; otherwise a restored one nothing continued yet. */
+  get atBoundary(): boolean {
+    return this.state === 'at_boundary' && this.boundary.recorded;
   }
 
-  set boundary(build: (() => JsonObject) | null) {
-    this.#boundary = build;
-    this.#built = undefined;
-  }
-
-  /** What an export holds as `boundary`: at a boundary its built state, else a restored one. */
   exportedBoundary(): JsonObject | null {
-    if (this.state !== 'at_boundary' || !this.#boundary) return this.continuation;
-    this.#built ??= { value: this.#boundary(), json: undefined };
-    return this.#built.value;
+    return this.atBoundary ? this.boundary.value() : this.continuation;
   }
 
   exportedBoundaryJson(): string {
-    const value = this.exportedBoundary();
-    if (!this.#built || value !== this.#built.value) return encodeJson(value);
-    this.#built.json ??= encodeJson(value);
-    return this.#built.json;
+    return this.atBoundary ? this.boundary.json() : encodeJson(this.continuation);
   }
 }
 
@@ -358,7 +348,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     const tracked = this.sessions.get(s.key) === s;
     if (tracked && sessionBlocks(s)) this.blocking.add(s);
     else this.blocking.delete(s);
-    if (tracked && s.state === 'at_boundary' && s.boundary) this.encodeAhead.add(s);
+    if (tracked && s.atBoundary) this.encodeAhead.add(s);
     // Outside a checkpoint nobody waits on readiness.
     if (!this.accepting) this.notifyChange();
   }
@@ -480,7 +470,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.update(s, () => {
       s.activation = activation;
       s.state = 'running';
-      s.boundary = null;
+      s.boundary.set(null);
     });
     const handle: ActivationHandle = {
       key,
@@ -500,14 +490,14 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       this.update(s, () => {
         s.activation = null;
         s.state = 'idle';
-        s.boundary = null;
+        s.boundary.set(null);
       });
       activation.end();
     }
   }
 
   private async boundary(s: Session, a: Activation, build: () => JsonObject): Promise<void> {
-    s.boundary = build;
+    s.boundary.set(build);
     if (this.accepting) return;
     this.update(s, () => {
       s.state = 'at_boundary';

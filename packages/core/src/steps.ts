@@ -44,6 +44,39 @@ export function isBlocking(episode: EpisodeFlags): boolean {
   );
 }
 
+/**
+ * A recorded boundary: a builder is built once, when first needed (it pins what it reads), and the
+ * boundary encoded once; recording a new one drops both. What an episode, and an agent session,
+ * exports.
+ */
+export class RecordedBoundary {
+  #input: BoundaryInput | null;
+  #json: string | undefined;
+
+  constructor(input: BoundaryInput | null = null) {
+    this.#input = input;
+  }
+
+  get recorded(): boolean {
+    return this.#input !== null;
+  }
+
+  set(input: BoundaryInput | null): void {
+    this.#input = input;
+    this.#json = undefined;
+  }
+
+  value(): Boundary | null {
+    if (typeof this.#input === 'function') this.#input = this.#input();
+    return this.#input;
+  }
+
+  json(): string {
+    this.#json ??= encodeJson(this.value());
+    return this.#json;
+  }
+}
+
 /** What a checkpoint exports: episodes parked or inside a replay step, not retired, not restarts. */
 function isExportable(episode: EpisodeFlags): boolean {
   return (
@@ -150,9 +183,7 @@ class Episode implements EpisodeView {
   finishing = false;
   /** False once forgotten: a late call from a finished episode then changes nothing. */
   tracked = true;
-  #boundary: BoundaryInput | null;
-  /** The exported boundary's JSON, once encoded; cleared whenever the boundary changes. */
-  #boundaryJson: string | undefined;
+  readonly boundary: RecordedBoundary;
   continuation: Boundary | null;
   deadline: SuspendableDeadline | undefined;
   readonly controller = new AbortController();
@@ -166,7 +197,7 @@ class Episode implements EpisodeView {
     public restart: boolean,
     continuation: Boundary | null,
   ) {
-    this.#boundary = continuation;
+    this.boundary = new RecordedBoundary(continuation);
     this.continuation = continuation;
     this.controller.signal.addEventListener('abort', () => this.wake(), { once: true });
   }
@@ -184,25 +215,6 @@ class Episode implements EpisodeView {
     this.wakeup = undefined;
     this.resolveWakeup = undefined;
     resolve?.();
-  }
-
-  get boundary(): BoundaryInput | null {
-    return this.#boundary;
-  }
-
-  set boundary(state: BoundaryInput | null) {
-    this.#boundary = state;
-    this.#boundaryJson = undefined;
-  }
-
-  exportedBoundary(): Boundary | null {
-    if (typeof this.#boundary === 'function') this.#boundary = this.#boundary();
-    return this.#boundary;
-  }
-
-  exportedBoundaryJson(): string {
-    this.#boundaryJson ??= encodeJson(this.exportedBoundary());
-    return this.#boundaryJson;
   }
 }
 
@@ -228,7 +240,7 @@ export class EpisodeSteps {
   private blocking = 0;
   /** Episodes whose exported boundary is encoded ahead of a commit. */
   private readonly toEncode = new IdleQueue<Episode>((ep) => {
-    if (ep.tracked && isExportable(ep)) ep.exportedBoundaryJson();
+    if (ep.tracked && isExportable(ep)) ep.boundary.json();
   });
 
   constructor(options: EpisodeStepsOptions = {}) {
@@ -347,7 +359,7 @@ export class EpisodeSteps {
   exported(): Map<string, Boundary | null> {
     const out = new Map<string, Boundary | null>();
     for (const ep of this.episodes.values()) {
-      if (isExportable(ep)) out.set(ep.key, ep.exportedBoundary());
+      if (isExportable(ep)) out.set(ep.key, ep.boundary.value());
     }
     return out;
   }
@@ -359,7 +371,7 @@ export class EpisodeSteps {
    * of episodes writes text instead of encoding (and allocating) while every rollout waits.
    */
   boundaryJson(key: string): string | undefined {
-    return this.episodes.get(key)?.exportedBoundaryJson();
+    return this.episodes.get(key)?.boundary.json();
   }
 
   /** Sorted keys of restarts not being retired. */
@@ -415,7 +427,7 @@ export class EpisodeSteps {
   }
 
   private async boundary(ep: Episode, state: BoundaryInput): Promise<void> {
-    ep.boundary = state;
+    ep.boundary.set(state);
     if (!ep.tracked) return;
     if (!this.isClosed || ep.restart) {
       if (ep.state !== 'running') {
@@ -470,7 +482,7 @@ export class EpisodeSteps {
         // Its failure cleanup may close sessions the earlier boundary needs: export it with no
         // boundary (start over) and hold the failure until resume, so it neither blocks this
         // checkpoint nor finishes and drops its record before the commit.
-        ep.boundary = null;
+        ep.boundary.set(null);
         await this.park(ep, err);
       } else {
         this.leaveStep(ep);

@@ -5,6 +5,7 @@ import { CheckpointError, DeadlineExceededError, StaleAttemptError } from '../sr
 import {
   EpisodeSteps,
   isBlocking,
+  RecordedBoundary,
   smallestKeys,
   type EpisodeContext,
   type EpisodeState,
@@ -43,6 +44,27 @@ function watch<T>(promise: Promise<T>) {
   );
   return seen;
 }
+
+describe('a recorded boundary', () => {
+  test('builds its builder once and encodes once; recording a new one drops both', () => {
+    const build = jest.fn(() => ({ n: 1 }));
+    const recorded = new RecordedBoundary();
+    expect(recorded.recorded).toBe(false);
+    expect(recorded.json()).toBe('null');
+    recorded.set(build);
+    expect(recorded.recorded).toBe(true);
+    expect(build).not.toHaveBeenCalled();
+    const value = recorded.value();
+    expect(recorded.value()).toBe(value);
+    expect(recorded.json()).toBe('{"n":1}');
+    // The text is kept: changing the built value in place (nothing may) does not show.
+    (value as { n: number }).n = 2;
+    expect(recorded.json()).toBe('{"n":1}');
+    expect(build).toHaveBeenCalledTimes(1);
+    recorded.set({ n: 3 });
+    expect(recorded.json()).toBe('{"n":3}');
+  });
+});
 
 describe('the blocking rule', () => {
   test.each<[EpisodeState, boolean, boolean, boolean]>([
