@@ -3,7 +3,7 @@
  * agent participant when the agent has session hooks, a restart-only participant when it has not,
  * and nothing at all when checkpointing is off.
  */
-import express, { type Express, type Request, type Response } from 'express';
+import type { Express, Request, Response } from 'express';
 
 import {
   AGENT_ACTIVATION_HEADER,
@@ -23,6 +23,7 @@ import {
   type HttpClients,
   InvalidRequestError,
   type JsonObject,
+  jsonBody,
   type Logger,
   NotFoundError,
   requestEpisode,
@@ -174,7 +175,7 @@ export function createAgentServer<S>(
     logger,
   });
   const app = gym.app;
-  app.use(express.json({ limit: '256mb' }));
+  app.use(jsonBody('256mb'));
   if (participant instanceof RestartOnlyParticipant) installRestartOnly(app, participant);
   const agentParticipant = participant instanceof AgentParticipant ? participant : undefined;
   const restartOnly = participant instanceof RestartOnlyParticipant ? participant : undefined;

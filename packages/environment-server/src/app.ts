@@ -14,11 +14,12 @@ import {
   type GymApp,
   type JsonObject,
   type JsonValue,
+  jsonBody,
   type Logger,
   requestSignal,
   StaleAttemptError,
 } from '@ckpt-gym/core';
-import express, { type Express } from 'express';
+import type { Express } from 'express';
 
 import { episodeRequestFromRow, legacyReply } from './legacy.js';
 import { EnvironmentParticipant, type EnvironmentRecord } from './participant.js';
@@ -229,7 +230,7 @@ export function createEnvironmentServer(options: EnvironmentServerOptions): Envi
   });
   const legacy = options.legacy;
 
-  gym.app.post('/run', express.json({ limit: RUN_BODY_LIMIT }), async (req, res, next) => {
+  gym.app.post('/run', jsonBody(RUN_BODY_LIMIT), async (req, res, next) => {
     try {
       const signal = requestSignal(req, res);
       let body: JsonObject | EpisodeReply;
@@ -246,21 +247,17 @@ export function createEnvironmentServer(options: EnvironmentServerOptions): Envi
   });
   const protocol = options.protocol;
   if (protocol.aggregateMetrics) {
-    gym.app.post(
-      '/aggregate_metrics',
-      express.json({ limit: RUN_BODY_LIMIT }),
-      async (req, res, next) => {
-        try {
-          const metrics = await protocol.aggregateMetrics!(
-            req.body as JsonValue,
-            requestSignal(req, res),
-          );
-          res.type('application/json').send(encodeJson(metrics));
-        } catch (err) {
-          next(err);
-        }
-      },
-    );
+    gym.app.post('/aggregate_metrics', jsonBody(RUN_BODY_LIMIT), async (req, res, next) => {
+      try {
+        const metrics = await protocol.aggregateMetrics!(
+          req.body as JsonValue,
+          requestSignal(req, res),
+        );
+        res.type('application/json').send(encodeJson(metrics));
+      } catch (err) {
+        next(err);
+      }
+    });
   }
   gym.finish();
   return { app: gym.app, logger: gym.logger, participant, plane: gym.plane, runner };

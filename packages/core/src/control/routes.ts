@@ -10,7 +10,7 @@ import express, { type Express, type RequestHandler, type Router } from 'express
 
 import { CHECKPOINT_ROUTE_PREFIX } from '../coordination.js';
 import { ConfigError, UnauthorizedError } from '../errors.js';
-import { errorMiddleware, requestSignal } from '../express.js';
+import { errorMiddleware, jsonBody, requestSignal } from '../express.js';
 import type { Logger } from '../logging.js';
 import type { CheckpointRecord } from '../store.js';
 import type { ControlPlane } from './plane.js';
@@ -83,7 +83,7 @@ export function controlRouter<R extends CheckpointRecord>(
   }
   const router = express.Router();
   router.use(bearerAuth(options.token));
-  const json = express.json({ limit: options.bodyLimit ?? DEFAULT_CONTROL_BODY_LIMIT });
+  const json = jsonBody(options.bodyLimit ?? DEFAULT_CONTROL_BODY_LIMIT);
   router.get('/status', (_req, res) => {
     res.json(plane.status());
   });
