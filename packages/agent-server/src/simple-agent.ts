@@ -13,6 +13,8 @@ import {
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
+  upstreamFailure,
+  UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core';
 import type { Got } from 'got';
@@ -295,13 +297,17 @@ async function callModel(
     ? withRolloutPrefix(baseUrl, episode, '/v1/responses')
     : `${baseUrl.replace(/\/+$/, '')}/v1/responses`;
   const cookie = cookieHeader(cookies);
-  const res = await http.post(url, {
-    json: body,
-    headers: cookie ? { cookie } : {},
-    signal,
-    throwHttpErrors: false,
-    retry: { limit: 0 },
-  });
+  const res = await http
+    .post(url, {
+      json: body,
+      headers: cookie ? { cookie } : {},
+      signal,
+      throwHttpErrors: false,
+      retry: { limit: 0 },
+    })
+    .catch((err: unknown) => {
+      throw upstreamFailure(url, err, signal);
+    });
   let parsed: unknown;
   try {
     parsed = JSON.parse(res.body);
@@ -314,7 +320,7 @@ async function callModel(
     !Array.isArray(parsed.output) ||
     !parsed.output.every((i) => isObject(i) && typeof i.type === 'string')
   ) {
-    throw new Error(
+    throw new UpstreamError(
       `the model server's reply is not a Responses API response: ${res.body.slice(0, 200)}`,
     );
   }
@@ -337,13 +343,18 @@ async function callTool(
   }
   if (!tools) throw new Error('this agent session has no direct tool access to run tools with');
   const cookie = cookieHeader(st.resources_server_cookies);
-  const res = await http.post(`${tools.baseUrl}/${String(call.name)}`, {
-    json: args,
-    headers: { ...tools.headers, ...(cookie ? { cookie } : {}) },
-    signal,
-    throwHttpErrors: false,
-    retry: { limit: 0 },
-  });
+  const url = `${tools.baseUrl}/${String(call.name)}`;
+  const res = await http
+    .post(url, {
+      json: args,
+      headers: { ...tools.headers, ...(cookie ? { cookie } : {}) },
+      signal,
+      throwHttpErrors: false,
+      retry: { limit: 0 },
+    })
+    .catch((err: unknown) => {
+      throw upstreamFailure(url, err, signal);
+    });
   st.resources_server_cookies = mergeSetCookies(
     st.resources_server_cookies,
     res.headers['set-cookie'],

@@ -1,4 +1,5 @@
-import type { EpisodeContext } from '@ckpt-gym/core';
+import { type EpisodeContext, listen } from '@ckpt-gym/core';
+import express from 'express';
 
 import type { AgentDefinition } from '../src/agent.js';
 import { AgentParticipant } from '../src/participant.js';
@@ -91,6 +92,20 @@ describe('legacy /run', () => {
     expect(h.resources.calls[1]!.cookie).toBe('res_session=seeded-r1');
     expect(participant().has('run:r1')).toBe(false);
     expect(h.agent.sessions.size).toBe(0);
+  });
+
+  test('a legacy /run whose resources server cannot be reached fails with 502 upstream_error naming it', async () => {
+    h = await startStack();
+    const gone = await listen(express(), 0);
+    await gone.close();
+    const agent = await startAgent(h, { config: { resources_server_url: gone.url } });
+    extra.push(agent);
+    const reply = await post(`${agent.url}/run`, RUN_BODY);
+    expect(reply.status).toBe(502);
+    expect(reply.body.error).toMatchObject({ code: 'upstream_error' });
+    expect((reply.body.error as { detail: string }).detail).toContain(
+      `${gone.url}/ng-rollout/r1/seed_session`,
+    );
   });
 
   test('a legacy /run sends activation index 1 on its self-dispatch', async () => {

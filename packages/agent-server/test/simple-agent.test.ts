@@ -25,6 +25,28 @@ afterEach(async () => {
   await h?.close();
 });
 
+/** One `/v1/responses` call to a Simple Agent (no checkpointing) whose model server is `modelUrl`. */
+async function askAgent(modelUrl: string): Promise<{ status: number; body: JsonObject }> {
+  const agent = createAgentServer(simpleAgent, {
+    name: 'a',
+    checkpoint: undefined,
+    config: { model_server_url: modelUrl },
+    logger: createLogger({ level: 'error' }),
+  });
+  const server = await listen(agent.app, 0);
+  try {
+    const res = await fetch(`${server.url}/v1/responses`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ input: 'hi' }),
+    });
+    return { status: res.status, body: (await res.json()) as JsonObject };
+  } finally {
+    await server.close();
+    agent.close();
+  }
+}
+
 describe('Simple Agent turn loop', () => {
   test('max_steps stops the loop after that many model calls, as incomplete', async () => {
     h = await startStack({ config: { max_steps: 1 } });
@@ -71,25 +93,52 @@ describe('Simple Agent turn loop', () => {
       );
     });
     const modelServer = await listen(model, 0);
-    const agent = createAgentServer(simpleAgent, {
-      name: 'a',
-      checkpoint: undefined,
-      config: { model_server_url: modelServer.url },
-      logger: createLogger({ level: 'error' }),
-    });
-    const server = await listen(agent.app, 0);
     try {
-      const res = await fetch(`${server.url}/v1/responses`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({ input: 'hi' }),
-      });
-      const body = (await res.json()) as { output: { type: string; output?: string }[] };
-      expect(body.output[1]!.output).toMatch(/Invalid tool call arguments/);
+      const reply = await askAgent(modelServer.url);
+      const output = reply.body.output as { type: string; output?: string }[];
+      expect(output[1]!.output).toMatch(/Invalid tool call arguments/);
     } finally {
-      await server.close();
       await modelServer.close();
-      agent.close();
+    }
+  });
+});
+
+describe('Simple Agent upstream failures', () => {
+  test('a model server that cannot be reached is a 502 upstream_error naming it', async () => {
+    const gone = await listen(express(), 0);
+    await gone.close();
+    const reply = await askAgent(gone.url);
+    expect(reply.status).toBe(502);
+    expect(reply.body.error).toMatchObject({ code: 'upstream_error' });
+    expect((reply.body.error as { detail: string }).detail).toContain(`${gone.url}/v1/responses`);
+    expect((reply.body.error as { detail: string }).detail).toMatch(/ECONNREFUSED/);
+  });
+
+  test('a model reply that is no Responses API response, or a foreign error page, is a 502 upstream_error', async () => {
+    const model = express();
+    let call = 0;
+    model.post(/.*/, (_req, res) => {
+      call += 1;
+      if (call === 1) res.json({ hello: 'world' });
+      else res.status(503).type('text/html').send('<html>busy</html>');
+    });
+    const modelServer = await listen(model, 0);
+    try {
+      const notResponses = await askAgent(modelServer.url);
+      expect([notResponses.status, notResponses.body.error]).toEqual([
+        502,
+        expect.objectContaining({ code: 'upstream_error' }),
+      ]);
+      expect((notResponses.body.error as { detail: string }).detail).toMatch(
+        /not a Responses API response/,
+      );
+      const page = await askAgent(modelServer.url);
+      expect([page.status, page.body.error]).toEqual([
+        502,
+        expect.objectContaining({ code: 'upstream_error' }),
+      ]);
+    } finally {
+      await modelServer.close();
     }
   });
 });

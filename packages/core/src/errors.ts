@@ -50,6 +50,10 @@ export const ERROR_CATALOGUE = {
     meaning: 'the stack file or a server setting is invalid (startup)',
   },
   internal_error: { status: 500, meaning: 'an unexpected server error; details are in the logs' },
+  upstream_error: {
+    status: 502,
+    meaning: 'a server this one called could not be reached or gave an unusable answer',
+  },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
@@ -105,19 +109,23 @@ export class InvalidRequestError extends errorClass('invalid_request') {}
 export class PayloadTooLargeError extends errorClass('payload_too_large') {}
 export class ConfigError extends errorClass('invalid_config') {}
 export class InternalError extends errorClass('internal_error') {}
+export class UpstreamError extends errorClass('upstream_error') {}
 
 /** True for a code this catalogue defines. */
 export function isErrorCode(code: unknown): code is ErrorCode {
   return typeof code === 'string' && Object.hasOwn(ERROR_CATALOGUE, code);
 }
 
-/** Rebuilds a typed error from a reply body, as a client sees it. Unknown codes become internal. */
+/**
+ * Rebuilds a typed error from an upstream reply body, as a client sees it. A body that is not a
+ * ckpt-gym error (an unknown code, HTML, a proxy's page) is a 502 `upstream_error`.
+ */
 export function errorFromBody(status: number, body: unknown): CkptGymError {
   const error = (body as ErrorBody | undefined)?.error;
   if (error && isErrorCode(error.code) && typeof error.detail === 'string') {
     return new CkptGymError(error.code, error.detail);
   }
-  return new InternalError(`HTTP ${status}: ${JSON.stringify(body)?.slice(0, 200) ?? ''}`);
+  return new UpstreamError(`HTTP ${status}: ${JSON.stringify(body)?.slice(0, 200) ?? ''}`);
 }
 
 /**

@@ -6,9 +6,9 @@
  */
 import { Agent } from 'node:http';
 
-import got, { type Got, type Response } from 'got';
+import got, { type Got, HTTPError, RequestError, type Response } from 'got';
 
-import { ConfigError } from './errors.js';
+import { ConfigError, UpstreamError } from './errors.js';
 import {
   DEFAULT_CONTROL_CONNECTION_LIMIT,
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
@@ -212,4 +212,15 @@ export function getControl(
   options: ControlCallOptions,
 ): Promise<Record<string, unknown>> {
   return controlCall(client, 'GET', url, undefined, options);
+}
+
+/**
+ * What a data-plane call to `url` that threw `err` should raise: a failure on the way (refused,
+ * reset, timed out) is a 502 `upstream_error` naming the target; our own abort, an HTTP status
+ * and anything else stay what they are.
+ */
+export function upstreamFailure(url: string, err: unknown, signal?: AbortSignal): unknown {
+  if (signal?.aborted || !(err instanceof RequestError) || err instanceof HTTPError) return err;
+  if (err.name === 'AbortError') return err;
+  return new UpstreamError(`${url}: ${err.code || err.message}`, { cause: err });
 }

@@ -1,0 +1,39 @@
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+import { ERROR_CATALOGUE, errorFromBody, toClientError } from '../src/errors.js';
+
+describe('the error catalogue', () => {
+  test('docs/errors.md lists every code with its HTTP status, and no code the catalogue lacks', () => {
+    const doc = readFileSync(join(import.meta.dirname, '../../../docs/errors.md'), 'utf8');
+    const rows = new Map(
+      [...doc.matchAll(/^\| `([a-z_]+)` \| ([^|]+) \|/gm)].map((m) => [m[1]!, m[2]!.trim()]),
+    );
+    for (const [code, { status }] of Object.entries(ERROR_CATALOGUE)) {
+      // invalid_config never reaches a client: the process exits before it listens.
+      expect([code, rows.get(code)]).toEqual([code, code === 'invalid_config' ? '—' : `${status}`]);
+    }
+    expect([...rows.keys()].filter((code) => !(code in ERROR_CATALOGUE))).toEqual([]);
+  });
+
+  test('an upstream reply carrying a ckpt-gym error keeps its code; any other body is a 502 upstream_error', () => {
+    const refusal = errorFromBody(409, { error: { code: 'admission_closed', detail: 'closed' } });
+    expect([refusal.code, refusal.status, refusal.detail]).toEqual([
+      'admission_closed',
+      409,
+      'closed',
+    ]);
+    for (const body of [undefined, '<html>bad gateway</html>', { error: { code: 'nope' } }]) {
+      const err = errorFromBody(503, body);
+      expect([err.code, err.status]).toEqual(['upstream_error', 502]);
+      expect(err.detail).toMatch(/^HTTP 503/);
+    }
+  });
+
+  test('anything unknown reaches a client as internal_error without its message', () => {
+    const err = toClientError(new Error('secret path /etc/x'));
+    expect(err.toBody()).toEqual({
+      error: { code: 'internal_error', detail: 'internal server error' },
+    });
+  });
+});
