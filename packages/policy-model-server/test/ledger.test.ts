@@ -1,4 +1,4 @@
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
@@ -208,13 +208,62 @@ describe('CaptureLedger files', () => {
     expect(await files(ledger)).toEqual([]);
   });
 
-  it('a restore turns each retired ledger into its fence with no directory sync in between', async () => {
+  it('a restore fences the continued attempt and hands its ledger file to the replacement, with no directory sync in between', async () => {
     const ledger = await new Watched(await tempDir()).init();
     await ledger.append('r', row('dead'));
+    await ledger.append('r', row('after-the-checkpoint', { long: 'x'.repeat(300) }));
+    const inode = (await stat(join(ledger.dir, 'r.lineage.jsonl'))).ino;
     ledger.synced = [];
-    await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r']);
+    expect(await ledger.restore(new Map([['r-a1', [row('c1')]]]), ['r'])).toEqual({
+      removed: ['r'],
+      absent: [],
+    });
     expect(ledger.synced).toEqual([['r-a1.lineage.jsonl', 'r.lineage.retired']]);
+    // The same file, holding exactly the checkpoint's rows: no inode was allocated for it.
+    expect((await stat(join(ledger.dir, 'r-a1.lineage.jsonl'))).ino).toBe(inode);
+    expect(await readFile(join(ledger.dir, 'r-a1.lineage.jsonl'), 'utf8')).toBe(
+      `${encodeJson(row('c1'))}\n`,
+    );
     expect(await ledger.exportRows('r-a1')).toEqual([row('c1')]);
+    expect(await ledger.isRetired('r')).toBe(true);
+  });
+
+  it('a fence is a hard link to one shared empty file', async () => {
+    const ledger = await ledgerAt();
+    expect(await ledger.retire(['r', 's'])).toEqual({ removed: [], absent: ['r', 's'] });
+    const shared = await stat(join(ledger.dir, '.locks', 'fence'));
+    for (const key of ['r', 's']) {
+      const fence = await stat(join(ledger.dir, `${key}.lineage.retired`));
+      expect([key, fence.ino, fence.size]).toEqual([key, shared.ino, 0]);
+    }
+    expect((await stat(join(ledger.dir, '.locks', 'fence'))).nlink).toBe(3);
+    expect(await ledger.isRetired('r')).toBe(true);
+    // Deleting a fence leaves the others and the shared file alone.
+    await ledger.delete(['r']);
+    expect(await files(ledger)).toEqual(['s.lineage.retired']);
+    expect(await ledger.isRetired('s')).toBe(true);
+  });
+
+  it('a fence is still made when the shared file is gone, or cannot be linked to', async () => {
+    const ledger = await ledgerAt();
+    await ledger.retire(['r']);
+    await rm(join(ledger.dir, '.locks', 'fence'));
+    await ledger.retire(['s']);
+    expect((await stat(join(ledger.dir, 's.lineage.retired'))).ino).toBe(
+      (await stat(join(ledger.dir, '.locks', 'fence'))).ino,
+    );
+    // A directory in its place cannot be linked to: the fence is a file of its own.
+    await rm(join(ledger.dir, '.locks', 'fence'));
+    await mkdir(join(ledger.dir, '.locks', 'fence'));
+    await ledger.retire(['t']);
+    const own = await stat(join(ledger.dir, 't.lineage.retired'));
+    expect([own.isFile(), own.size, own.nlink]).toEqual([true, 0, 1]);
+    expect(await ledger.isRetired('t')).toBe(true);
+    expect(await files(ledger)).toEqual([
+      'r.lineage.retired',
+      's.lineage.retired',
+      't.lineage.retired',
+    ]);
   });
 
   it('a key holding both a ledger and a fence is fenced durably before its ledger goes', async () => {
