@@ -18,6 +18,8 @@ RUN for p in core fake-inference resources-server policy-model-server agent-serv
 # --- runtime: production dependencies and the compiled output only, as a non-root user -----------
 FROM node:20-bookworm-slim AS runtime
 ENV NODE_ENV=production
+# The launcher's SERVER_NODE_FLAGS (a 64 MB young generation: faster commits at scale).
+ENV NODE_OPTIONS=--max-semi-space-size=64
 WORKDIR /app
 COPY package.json package-lock.json ./
 COPY packages/core/package.json packages/core/

@@ -38,6 +38,7 @@ export {
   LaunchError,
   type LaunchedServer,
   launchOrder,
+  SERVER_NODE_FLAGS,
   launchStack,
   type LaunchOptions,
   RESOLVED_STACK_FILE,

@@ -29,6 +29,15 @@ import { loadStack, resolvedStackText } from './stack-file.js';
 /** The bin every server process runs; the same path from `src/` (tests) and `dist/`. */
 export const CLI_MAIN = fileURLToPath(new URL('../dist/main.js', import.meta.url));
 
+/**
+ * Node flags of every server process. A young generation of up to 64 MB (V8's default is 16):
+ * a commit allocates a burst of short-lived objects (the scope, the export's records, the JSON
+ * pieces), and in a server holding thousands of rollouts every scavenge is costly (40–125 ms at
+ * 8,000), so fewer of them means a faster commit: at 8,000 rollouts 0.48–0.64 s against
+ * 0.65–1.26 s without (the README's Scale section).
+ */
+export const SERVER_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=64'];
+
 export const RUN_FILE = 'run.json';
 export const RESOLVED_STACK_FILE = 'stack.yaml';
 export const LAUNCH_ORDER: readonly ServerKind[] = [
@@ -249,7 +258,7 @@ class RunningStack implements StackHandle {
     try {
       child = spawn(
         process.execPath,
-        [CLI_MAIN, 'serve', '--config', this.configPath, '--server', name],
+        [...SERVER_NODE_FLAGS, CLI_MAIN, 'serve', '--config', this.configPath, '--server', name],
         { detached: true, stdio: ['ignore', log, log], env: this.env, cwd: this.runDir },
       );
     } finally {

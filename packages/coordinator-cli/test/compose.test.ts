@@ -4,7 +4,7 @@ import { join } from 'node:path';
 
 import { parse } from 'yaml';
 
-import { healthUrl, launchOrder, loadStack } from '../src/index.js';
+import { healthUrl, launchOrder, loadStack, SERVER_NODE_FLAGS } from '../src/index.js';
 import { REPO } from './support/build.js';
 
 const STACK_IN_IMAGE = '/app/examples/compose.yaml';
@@ -71,4 +71,10 @@ test('every service has init, a stop grace period, the shared volume and the tok
     expect(service.environment?.CKPT_GYM_TOKEN).toMatch(/^\$\{CKPT_GYM_TOKEN/);
   }
   expect(stack.tokenCapture.dir.startsWith('/data/')).toBe(true);
+});
+
+test("the image runs every node process with the launcher's server flags", () => {
+  const dockerfile = readFileSync(join(REPO, 'Dockerfile'), 'utf8');
+  const runtime = dockerfile.slice(dockerfile.indexOf(' AS runtime'));
+  expect(/^ENV NODE_OPTIONS=(.*)$/m.exec(runtime)?.[1]?.split(' ')).toEqual(SERVER_NODE_FLAGS);
 });

@@ -14,6 +14,7 @@ import {
   freePort,
   isServerProcess,
   RUN_FILE,
+  SERVER_NODE_FLAGS,
   weatherTask,
 } from '../src/index.js';
 import { ensureBuilt } from './support/build.js';
@@ -75,6 +76,14 @@ test('up, status, checkpoint, crash, up again, restore, down on a real stack', a
     'environment',
   ]);
   expect(servers.every((s) => isAlive(s.pid))).toBe(true);
+  // Each server runs node with the launcher's flags (a larger young generation).
+  for (const s of servers) {
+    const argv = readFileSync(`/proc/${s.pid}/cmdline`, 'utf8').split('\0');
+    expect([s.name, argv.slice(1, 1 + SERVER_NODE_FLAGS.length)]).toEqual([
+      s.name,
+      SERVER_NODE_FLAGS,
+    ]);
+  }
   const resolved = join(dir, 'run', 'stack.yaml');
   const url = (name: string) => servers.find((s) => s.name === name)!.url;
 
