@@ -33,8 +33,8 @@ export const CLI_MAIN = fileURLToPath(new URL('../dist/main.js', import.meta.url
  * Node flags of every server process. A young generation of up to 64 MB (V8's default is 16):
  * a commit allocates a burst of short-lived objects (the scope, the export's records, the JSON
  * pieces), and in a server holding thousands of rollouts every scavenge is costly (40–125 ms at
- * 8,000), so fewer of them means a faster commit: at 8,000 rollouts 0.48–0.64 s against
- * 0.65–1.26 s without (the README's Scale section).
+ * 8,000), so fewer of them means a faster commit: at 8,000 rollouts 0.48–0.68 s against
+ * 0.65–1.26 s without; 128 MB was slower again, 0.97–1.01 s (the README's Scale section).
  */
 export const SERVER_NODE_FLAGS: readonly string[] = ['--max-semi-space-size=64'];
 
