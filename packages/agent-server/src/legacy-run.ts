@@ -15,8 +15,8 @@ import {
   errorFromBody,
   type JsonObject,
   type Logger,
+  postUpstream,
   type StepMode,
-  upstreamFailure,
   withRolloutPrefix,
 } from '@ckpt-gym/core';
 import type { Got } from 'got';
@@ -79,17 +79,7 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
       ? withRolloutPrefix(settings.resourcesServerUrl, episode, path)
       : `${settings.resourcesServerUrl}${path}`;
   const post = async (target: string, json: unknown, headers: Record<string, string>) => {
-    const res = await http
-      .post(target, {
-        json,
-        headers,
-        signal: ep.signal,
-        throwHttpErrors: false,
-        retry: { limit: 0 },
-      })
-      .catch((err: unknown) => {
-        throw upstreamFailure(target, err, ep.signal);
-      });
+    const res = await postUpstream(http, target, { json, headers, signal: ep.signal });
     const parsed = parse(res.body);
     if (res.statusCode < 200 || res.statusCode >= 300) throw errorFromBody(res.statusCode, parsed);
     return { body: parsed as JsonObject, headers: res.headers };

@@ -13,7 +13,7 @@ import {
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
-  upstreamFailure,
+  postUpstream,
   UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core';
@@ -297,17 +297,11 @@ async function callModel(
     ? withRolloutPrefix(baseUrl, episode, '/v1/responses')
     : `${baseUrl.replace(/\/+$/, '')}/v1/responses`;
   const cookie = cookieHeader(cookies);
-  const res = await http
-    .post(url, {
-      json: body,
-      headers: cookie ? { cookie } : {},
-      signal,
-      throwHttpErrors: false,
-      retry: { limit: 0 },
-    })
-    .catch((err: unknown) => {
-      throw upstreamFailure(url, err, signal);
-    });
+  const res = await postUpstream(http, url, {
+    json: body,
+    headers: cookie ? { cookie } : {},
+    signal,
+  });
   let parsed: unknown;
   try {
     parsed = JSON.parse(res.body);
@@ -343,18 +337,11 @@ async function callTool(
   }
   if (!tools) throw new Error('this agent session has no direct tool access to run tools with');
   const cookie = cookieHeader(st.resources_server_cookies);
-  const url = `${tools.baseUrl}/${String(call.name)}`;
-  const res = await http
-    .post(url, {
-      json: args,
-      headers: { ...tools.headers, ...(cookie ? { cookie } : {}) },
-      signal,
-      throwHttpErrors: false,
-      retry: { limit: 0 },
-    })
-    .catch((err: unknown) => {
-      throw upstreamFailure(url, err, signal);
-    });
+  const res = await postUpstream(http, `${tools.baseUrl}/${String(call.name)}`, {
+    json: args,
+    headers: { ...tools.headers, ...(cookie ? { cookie } : {}) },
+    signal,
+  });
   st.resources_server_cookies = mergeSetCookies(
     st.resources_server_cookies,
     res.headers['set-cookie'],

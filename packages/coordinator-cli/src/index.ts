@@ -38,11 +38,11 @@ export {
   LaunchError,
   type LaunchedServer,
   launchOrder,
-  SERVER_NODE_FLAGS,
   launchStack,
   type LaunchOptions,
   RESOLVED_STACK_FILE,
   RUN_FILE,
+  SERVER_NODE_FLAGS,
   type StackHandle,
 } from './launcher.js';
 export { isRunnable, serveServer, type ServingServer } from './serve.js';

@@ -215,12 +215,25 @@ export function getControl(
 }
 
 /**
- * What a data-plane call to `url` that threw `err` should raise: a failure on the way (refused,
- * reset, timed out) is a 502 `upstream_error` naming the target; our own abort, an HTTP status
- * and anything else stay what they are.
+ * POSTs JSON to an upstream server on the data plane: once (never re-sent) and whatever the reply's
+ * status. A failure on the way (refused, reset, timed out) is a 502 `upstream_error` naming `url`;
+ * our own abort stays an abort.
  */
-export function upstreamFailure(url: string, err: unknown, signal?: AbortSignal): unknown {
-  if (signal?.aborted || !(err instanceof RequestError) || err instanceof HTTPError) return err;
-  if (err.name === 'AbortError') return err;
+export function postUpstream(
+  http: Got,
+  url: string,
+  options: { json: unknown; headers?: Record<string, string>; signal: AbortSignal },
+): Promise<Response<string>> {
+  return http
+    .post(url, { ...options, throwHttpErrors: false, retry: { limit: 0 } })
+    .catch((err: unknown) => {
+      throw upstreamFailure(url, err, options.signal);
+    });
+}
+
+function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknown {
+  const onTheWay =
+    err instanceof RequestError && !(err instanceof HTTPError) && err.name !== 'AbortError';
+  if (signal.aborted || !onTheWay) return err;
   return new UpstreamError(`${url}: ${err.code || err.message}`, { cause: err });
 }

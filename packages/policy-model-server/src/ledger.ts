@@ -714,7 +714,6 @@ export class CaptureLedger {
   }
 }
 
-/** The lock stripe of a rollout: FNV-1a of its id, modulo LOCK_STRIPES (stable across processes). */
 /**
  * For each of a rollout's targets that gets rows and has no ledger file yet, a retired key of the
  * same rollout, earlier than all its targets, holding an unfenced ledger (the latest such attempt
@@ -745,6 +744,7 @@ function donorsFor(
   return donors;
 }
 
+/** The lock stripe of a rollout: FNV-1a of its id, modulo LOCK_STRIPES (stable across processes). */
 export function lockStripe(rolloutId: string): number {
   let hash = 0x811c9dc5;
   for (let i = 0; i < rolloutId.length; i++) {
