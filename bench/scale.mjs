@@ -5,7 +5,8 @@
 // (`after_calls_per_rollout: 1`). Then: prepare stage by stage and as a whole, commit, crash (SIGKILL
 // of every gym process group; the backend lives on), restart, restore, resume, and every exported
 // rollout's replacement. Checks that every rollout either finished before the checkpoint or was
-// exported, and that every exported one finishes (reward 1.0) after the restore.
+// exported, and that every exported one finishes (reward 1.0) after the restore. Last, the restore
+// floor of the same checkpoint (lib/floor.mjs): the least any restore of it could take here.
 //
 //   npm run build && npm run bench -- scale --rollouts 8000
 //
@@ -29,6 +30,8 @@ import {
   restore,
   resume,
 } from '@ckpt-gym/core';
+
+import { restoreFloor } from './lib/floor.mjs';
 
 const { values: flags } = parseArgs({
   options: {
@@ -340,6 +343,16 @@ async function main() {
     const exportedSet = new Set(exported.map((k) => parseCaptureKey(k).rollout_id));
     const overlap = [...finishedBefore].filter((id) => exportedSet.has(id)).length;
     const uncovered = ids.filter((id) => !finishedBefore.has(id) && !exportedSet.has(id)).length;
+    // The same checkpoint's restore floor, with the stack stopped: records only, and records plus
+    // the per-key capture-ledger install.
+    await handle.stop({ graceMs: 2000 });
+    const floors = {};
+    for (const [name, ledger] of [
+      ['records only', false],
+      ['records + per-key ledger', true],
+    ]) {
+      floors[name] = await restoreFloor(join(dir, 'gym'), { ledger, scratchRoot: runDir });
+    }
     const failedReasons = new Map();
     for (const reason of failedBefore.values()) {
       const key = JSON.stringify(reason).slice(0, 160);
@@ -362,6 +375,13 @@ async function main() {
       records_bytes: recordsBytes,
       server_timings_ms: serverTimings(handle),
       server_cpu_ms: cpuMs,
+      restore_floor_ms: floors,
+      restore_over_floor: Object.fromEntries(
+        Object.entries(floors).map(([name, floor]) => [
+          name,
+          (timings.restore * 1000) / floor.wall_ms,
+        ]),
+      ),
       model_prepare_counts: stageReplies.policy?.report?.counts ?? null,
       staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
       replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
@@ -369,6 +389,7 @@ async function main() {
         prepare_le_0_5_s: timings.prepare <= 0.5,
         commit_le_0_5_s: timings.commit <= 0.5,
         restore_le_0_5_s: timings.restore <= 0.5,
+        restore_floor_le_0_5_s: floors['records only'].wall_ms <= 500,
         every_rollout_finished_or_exported: overlap === 0 && uncovered === 0,
         every_exported_continued: continued === exported.length,
       },
@@ -395,6 +416,21 @@ async function main() {
     }
     for (const [what, spent] of Object.entries(cpuMs)) {
       console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
+    }
+    console.log(
+      '\nRESTORE FLOOR              WALL (ms)  CPU (ms)  RESTORE / FLOOR  SLOWEST PARTICIPANT',
+    );
+    for (const [name, floor] of Object.entries(floors)) {
+      const [slowest, by] = Object.entries(floor.by_participant).sort(
+        (a, b) => b[1].wall_ms - a[1].wall_ms,
+      )[0];
+      const steps = Object.entries(by.steps_ms)
+        .map(([k, v]) => `${k} ${v}`)
+        .join(', ');
+      console.log(
+        `${name.padEnd(26)} ${String(floor.wall_ms).padStart(9)}  ${String(floor.cpu_ms).padStart(8)}` +
+          `  ${result.restore_over_floor[name].toFixed(2).padStart(15)}  ${slowest}: ${steps}`,
+      );
     }
     console.log(`targets: ${JSON.stringify(result.targets)}`);
     mkdirSync(dirname(OUT), { recursive: true });
