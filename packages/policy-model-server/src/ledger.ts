@@ -206,8 +206,12 @@ export class CaptureLedger {
    * each holder's turn, which settles when it lets the stripe go.
    */
   readonly #local = new Map<number, Promise<void>>();
+  /** The empty file fences are hard links to (see `#fenceNow`). */
+  readonly #sharedFence: string;
 
-  constructor(readonly dir: string) {}
+  constructor(readonly dir: string) {
+    this.#sharedFence = join(dir, LOCK_DIR, SHARED_FENCE);
+  }
 
   /** Creates the directory and its lock directory. */
   async init(): Promise<this> {
@@ -614,16 +618,14 @@ export class CaptureLedger {
       if (rows.length === 0) continue;
       this.#known.delete(key);
       const text = rows.map((row) => `${encodeJson(row)}\n`).join('');
+      const ledger = this.path(key, LEDGER_SUFFIX);
       const donor = donors.get(key);
       if (donor !== undefined) {
-        fs.renameSync(this.path(donor, LEDGER_SUFFIX), this.path(key, LEDGER_SUFFIX));
+        fs.renameSync(this.path(donor, LEDGER_SUFFIX), ledger);
         files.delete(donor + LEDGER_SUFFIX);
-        overwriteNow(this.path(key, LEDGER_SUFFIX), text);
-      } else if (files.has(key + LEDGER_SUFFIX)) {
-        overwriteNow(this.path(key, LEDGER_SUFFIX), text);
-      } else {
-        createNow(this.path(key, LEDGER_SUFFIX), text);
       }
+      if (donor !== undefined || files.has(key + LEDGER_SUFFIX)) overwriteNow(ledger, text);
+      else createNow(ledger, text);
     }
   }
 
@@ -636,7 +638,7 @@ export class CaptureLedger {
    */
   #fenceNow(key: string): void {
     const fence = this.path(key, FENCE_SUFFIX);
-    const shared = join(this.dir, LOCK_DIR, SHARED_FENCE);
+    const shared = this.#sharedFence;
     for (let round = 0; round < 2; round++) {
       try {
         fs.linkSync(shared, fence);
