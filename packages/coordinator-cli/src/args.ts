@@ -13,6 +13,8 @@ import {
   ROLLOUT_ID_PATTERN,
 } from '@ckpt-gym/core';
 
+import { closest, didYouMean } from './suggest.js';
+
 export const PROGRAM = 'ckpt-gym';
 export const DEFAULT_CONFIG_FILE = 'ckpt-gym.yaml';
 export const DEFAULT_DEADLINE_SECONDS = 30;
@@ -111,6 +113,7 @@ const GLOBAL_HELP: readonly [string, string][] = [
   ],
   ['--json', 'print one JSON document on stdout instead of human-readable output'],
   ['--help, -h', 'show help'],
+  ['--version, -V', 'print the version of ckpt-gym'],
 ];
 
 export interface CommandSpec {
@@ -283,6 +286,7 @@ export interface Invocation {
 export type ParseOutcome =
   | { readonly kind: 'invoke'; readonly invocation: Invocation }
   | { readonly kind: 'help'; readonly text: string }
+  | { readonly kind: 'version'; readonly json: boolean }
   | {
       readonly kind: 'usage-error';
       readonly message: string;
@@ -298,6 +302,7 @@ const PARSE_OPTIONS: NonNullable<ParseArgsConfig['options']> = {
   config: { type: 'string', short: 'c' },
   json: { type: 'boolean' },
   help: { type: 'boolean', short: 'h' },
+  version: { type: 'boolean', short: 'V' },
   ...Object.fromEntries(
     Object.entries(OPTIONS).map(([name, spec]) => [name, { type: spec.type }] as const),
   ),
@@ -318,9 +323,11 @@ export function parseCommandLine(argv: readonly string[]): ParseOutcome {
     }) as { values: ParsedValues; positionals: string[] });
   } catch (err) {
     // Positionals are unknown when parsing failed; the first command name seen picks the usage.
-    return usageError(parseErrorMessage(err), argv.find(isCommandName), json);
+    const command = argv.find(isCommandName);
+    return usageError(parseErrorMessage(err, argv, command), command, json);
   }
 
+  if (values.version) return { kind: 'version', json: values.json === true };
   const [name, ...extra] = positionals;
   if (name === undefined) {
     return values.help
@@ -333,7 +340,10 @@ export function parseCommandLine(argv: readonly string[]): ParseOutcome {
       return { kind: 'help', text: commandHelp(topic) };
     return { kind: 'help', text: programHelp() };
   }
-  if (!isCommandName(name)) return usageError(`unknown command '${name}'`, undefined, json);
+  if (!isCommandName(name)) {
+    const suggestion = closest(name, [...Object.keys(COMMANDS), 'help']);
+    return usageError(`unknown command '${name}'${didYouMean(suggestion)}`, undefined, json);
+  }
   if (values.help) return { kind: 'help', text: commandHelp(name) };
   try {
     if (extra.length > 0) throw new UsageError(`unexpected argument '${extra[0]}'`);
@@ -357,12 +367,47 @@ function usageError(
   };
 }
 
-/** node's parseArgs messages, minus its advice about `--` that does not fit this CLI. */
-function parseErrorMessage(err: unknown): string {
+/**
+ * node's parseArgs messages in lower case, minus its advice about `--` that does not fit this CLI;
+ * an unknown option with the nearest known one.
+ */
+function parseErrorMessage(
+  err: unknown,
+  argv: readonly string[],
+  command: CommandName | undefined,
+): string {
   // Not `instanceof Error`: node's own errors may come from another realm (a test's vm context).
-  const raw = (err as { message?: unknown } | null)?.message;
+  const { code, message: raw } = (err ?? {}) as { code?: unknown; message?: unknown };
+  const unknown = code === 'ERR_PARSE_ARGS_UNKNOWN_OPTION' ? unknownOption(argv) : undefined;
+  if (unknown !== undefined) return unknownOptionMessage(unknown, command);
   const message = typeof raw === 'string' ? raw : String(err);
-  return message.split('. To specify a positional argument')[0] ?? message;
+  const first = message.split('. To specify a positional argument')[0] ?? message;
+  return first.charAt(0).toLowerCase() + first.slice(1);
+}
+
+/** The first option of `argv` the parser does not know, as written (`--confg`, `-x`). */
+function unknownOption(argv: readonly string[]): string | undefined {
+  const { tokens } = parseArgs({
+    args: [...argv],
+    options: PARSE_OPTIONS,
+    strict: false,
+    allowPositionals: true,
+    tokens: true,
+  });
+  for (const token of tokens) {
+    if (token.kind === 'option' && !Object.hasOwn(PARSE_OPTIONS, token.name)) return token.rawName;
+  }
+  return undefined;
+}
+
+/** Suggests among the command's own options and the global ones (every option without a command). */
+function unknownOptionMessage(option: string, command: CommandName | undefined): string {
+  const commandOptions: readonly string[] =
+    command === undefined ? Object.keys(OPTIONS) : COMMANDS[command].options;
+  const global = Object.keys(PARSE_OPTIONS).filter((name) => !Object.hasOwn(OPTIONS, name));
+  const known = [...commandOptions, ...global];
+  const suggestion = option.startsWith('--') ? closest(option.slice(2), known) : undefined;
+  return `unknown option '${option}'${didYouMean(suggestion && `--${suggestion}`)}`;
 }
 
 function buildInvocation(command: CommandName, values: ParsedValues): Invocation {

@@ -9,6 +9,7 @@ import { HANDLERS } from './commands/index.js';
 import { CliFailure, type CliIo, CommandContext, describe } from './context.js';
 import { ExitCode } from './exit-codes.js';
 import { failureTable, jsonDocument } from './output.js';
+import { packageVersion } from './version.js';
 
 export {
   COMMANDS,
@@ -72,6 +73,13 @@ export async function runCli(argv: readonly string[], io: Partial<CliIo> = {}): 
     case 'help':
       full.stdout.write(`${parsed.text}\n`);
       return ExitCode.OK;
+    case 'version': {
+      const version = packageVersion();
+      full.stdout.write(
+        parsed.json ? jsonDocument('version', ExitCode.OK, { version }) : `${version}\n`,
+      );
+      return ExitCode.OK;
+    }
     case 'usage-error':
       full.stderr.write(`${PROGRAM}: ${parsed.message}\n\n${parsed.usage}\n`);
       if (parsed.json) {

@@ -131,7 +131,44 @@ describe('parseCommandLine', () => {
   });
 
   test('an unknown option is a usage error', () => {
-    expect(usageError(['status', '--frob']).message).toMatch(/Unknown option '--frob'/);
+    expect(usageError(['status', '--frob']).message).toBe("unknown option '--frob'");
+    expect(usageError(['status', '-x']).message).toBe("unknown option '-x'");
+  });
+
+  test('a mistyped command or option says which one was meant', () => {
+    expect(usageError(['stauts']).message).toBe(
+      "unknown command 'stauts' (did you mean 'status'?)",
+    );
+    expect(usageError(['hlep']).message).toBe("unknown command 'hlep' (did you mean 'help'?)");
+    expect(usageError(['status', '--confg', 'x.yaml']).message).toBe(
+      "unknown option '--confg' (did you mean '--config'?)",
+    );
+    expect(usageError(['--confg=x.yaml', 'status']).message).toBe(
+      "unknown option '--confg' (did you mean '--config'?)",
+    );
+    expect(usageError(['--jsno']).message).toBe("unknown option '--jsno' (did you mean '--json'?)");
+  });
+
+  test('an option is suggested among those the command takes', () => {
+    // --dri is one edit from --dir, which commit takes and status does not.
+    expect(usageError(['commit', '--dri', 'x']).message).toBe(
+      "unknown option '--dri' (did you mean '--dir'?)",
+    );
+    expect(usageError(['status', '--dri', 'x']).message).toBe("unknown option '--dri'");
+    expect(usageError(['--dri', 'x']).message).toBe(
+      "unknown option '--dri' (did you mean '--dir'?)",
+    );
+  });
+
+  test("node's other parse errors are in lower case too", () => {
+    expect(usageError(['prepare', '--deadline']).message).toMatch(/^option '--deadline <value>'/);
+  });
+
+  test('--version and -V ask for the version, with or without --json or a command', () => {
+    expect(parseCommandLine(['--version'])).toEqual({ kind: 'version', json: false });
+    expect(parseCommandLine(['-V'])).toEqual({ kind: 'version', json: false });
+    expect(parseCommandLine(['--version', '--json'])).toEqual({ kind: 'version', json: true });
+    expect(parseCommandLine(['status', '-V'])).toEqual({ kind: 'version', json: false });
   });
 
   test('an option the command does not take is a usage error', () => {

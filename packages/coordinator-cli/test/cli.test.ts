@@ -1,5 +1,5 @@
 /** runCli's frame: help, usage errors and the bundled example, in-process. */
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -22,6 +22,23 @@ describe('runCli', () => {
     expect(result.code).toBe(ExitCode.OK);
     expect(result.stdout).toMatch(/^usage: ckpt-gym <command>/);
     expect(result.stderr).toBe('');
+  });
+
+  test('--version and -V print the package version on stdout and exit 0', async () => {
+    const { version } = JSON.parse(
+      readFileSync(new URL('../package.json', import.meta.url), 'utf8'),
+    ) as { version: string };
+    for (const flag of ['--version', '-V']) {
+      expect(await run([flag])).toEqual({ code: ExitCode.OK, stdout: `${version}\n`, stderr: '' });
+    }
+    const json = await run(['--version', '--json']);
+    expect(json.code).toBe(ExitCode.OK);
+    expect(JSON.parse(json.stdout)).toEqual({
+      command: 'version',
+      ok: true,
+      exit_code: 0,
+      version,
+    });
   });
 
   test('an unknown command exits 2 with the usage on stderr and nothing on stdout', async () => {
