@@ -1,14 +1,26 @@
 #!/usr/bin/env node
 /**
- * `ckpt-gym-fake-inference --port N --host H [--model M] [--script weather|counter]
- * [--keepalive-ms N]`: runs the fake backend as its own process, so its call log and token store
- * outlive a crash of every gym process. Prints one JSON line `{"event":"listening",…}` to stdout
- * once it accepts calls, and exits 0 on SIGTERM or SIGINT.
+ * `ckpt-gym-fake-inference`: runs the fake backend as its own process, so its call log and token
+ * store outlive a crash of every gym process. USAGE below says the rest.
  */
 import { parseArgs } from 'node:util';
 
-import { type ListenOptions, startFakeInference } from './app.js';
+import { DEFAULT_MODEL, type ListenOptions, startFakeInference } from './app.js';
 import { SCRIPTS, type ScriptName } from './script.js';
+
+const USAGE = `usage: ckpt-gym-fake-inference [--port N] [--host H] [--model M] [--script NAME] [--keepalive-ms N]
+
+An OpenAI-compatible fake inference backend with scripted tool calls, for tests and demos.
+Prints one JSON line {"event":"listening",…} on stdout once it accepts calls; exits 0 on
+SIGTERM or SIGINT.
+
+options:
+  --port N          port to listen on (default 0: a free port)
+  --host H          address to listen on (default 127.0.0.1)
+  --model M         the model it lists and answers as (default ${DEFAULT_MODEL})
+  --script NAME     the default script: ${Object.keys(SCRIPTS).join(' or ')} (default weather)
+  --keepalive-ms N  interval of keep-alive comments on held streamed calls (default 0: none)
+  --help, -h        show this help`;
 
 function fail(message: string): never {
   process.stderr.write(`ckpt-gym-fake-inference: ${message}\n`);
@@ -34,11 +46,16 @@ function parseCli(argv: string[]): ListenOptions {
         model: { type: 'string' },
         script: { type: 'string' },
         'keepalive-ms': { type: 'string' },
+        help: { type: 'boolean', short: 'h' },
       },
       strict: true,
     }));
   } catch (err) {
     fail((err as Error).message);
+  }
+  if (values.help) {
+    process.stdout.write(`${USAGE}\n`);
+    process.exit(0);
   }
   const { script } = values;
   if (script !== undefined && !Object.hasOwn(SCRIPTS, script)) {
