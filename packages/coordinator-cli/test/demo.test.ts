@@ -1,10 +1,11 @@
 /** The demo end to end with 4 rollouts: spawned processes, a real crash, a real restore. */
+import { spawn } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { type DemoReport, ExitCode, repeatedCalls } from '../src/index.js';
-import { ensureBuilt } from './support/build.js';
+import { ensureBuilt, REPO } from './support/build.js';
 import { cli } from './support/cli.js';
 
 beforeAll(() => ensureBuilt(), 300_000);
@@ -45,3 +46,21 @@ test('a delivered model call made again for the same rollout and conversation co
   expect(repeatedCalls([call, { ...call, n_messages: 4 }])).toBe(0);
   expect(repeatedCalls([call, call])).toBe(1);
 });
+
+/** The README's machine-readable demo command, from the repository root, as a real process. */
+const MACHINE_READABLE_DEMO = ['npx', 'ckpt-gym', 'demo', '--rollouts', '8', '--json'];
+
+test(`\`${MACHINE_READABLE_DEMO.join(' ')}\` prints exactly one JSON document on stdout`, async () => {
+  const [command = '', ...args] = MACHINE_READABLE_DEMO;
+  const child = spawn(command, args, { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+  const code = await new Promise<number | null>((done) => child.on('close', done));
+  // stderr (the progress) is part of the expectation only when the command failed: to show why.
+  expect({ code, stderr: code === 0 ? '' : stderr }).toEqual({ code: 0, stderr: '' });
+  // The whole of stdout, as `| jq` would read it: no banner, no build log, no progress line.
+  expect(JSON.parse(stdout)).toMatchObject({ command: 'demo', ok: true, rollouts: 8 });
+  expect(stderr).toMatch(/SIGKILL every gym process/);
+}, 180_000);
