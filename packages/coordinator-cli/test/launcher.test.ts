@@ -137,12 +137,6 @@ test('up, status, checkpoint, crash, up again, restore, down on a real stack', a
   expect(existsSync(join(dir, 'run', RUN_FILE))).toBe(false);
 }, 180_000);
 
-test('down without a running stack is a failure that names the run directory', async () => {
-  const down = await cli(['down', '--run-dir', 'nothing'], dir);
-  expect(down.code).toBe(ExitCode.FAILURE);
-  expect(down.stderr).toMatch(/no stack runs from .*nothing/);
-});
-
 test('a run file whose pids now belong to other programs signals none of them', async () => {
   writeFileSync(join(dir, 'stack.yaml'), demoStackText(await freePort('127.0.0.1'), 't'));
   // A process group that is not a `serve` process, as after a reboot gave the pid away.

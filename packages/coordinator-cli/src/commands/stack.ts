@@ -146,31 +146,53 @@ async function startStack(
 }
 
 export async function downCommand(ctx: CommandContext): Promise<CommandResult> {
+  const runDir = runDirOf(ctx);
+  if (!existsSync(join(runDir, RUN_FILE))) return nothingTo('stop', runDir);
   const handle = attach(ctx);
-  const graceMs = ctx.invocation.graceSeconds * 1000;
-  ctx.progress(`stopping ${handle.servers.size} server(s) (grace ${graceMs} ms) …`);
-  await handle.stop({ graceMs });
-  rmSync(join(handle.runDir, RUN_FILE), { force: true });
+  const running = aliveServers(handle);
+  if (running.length > 0) {
+    ctx.progress(`stopping ${running.length} server(s) (grace ${ctx.invocation.graceSeconds} s) …`);
+  }
+  await handle.stop({ graceMs: ctx.invocation.graceSeconds * 1000 });
+  rmSync(join(runDir, RUN_FILE), { force: true });
+  if (running.length === 0) return nothingTo('stop', runDir);
   return {
     exitCode: ExitCode.OK,
-    data: { run_dir: handle.runDir, stopped: [...handle.servers.keys()] },
-    text: `stopped ${[...handle.servers.keys()].join(', ')}`,
+    data: { run_dir: runDir, stopped: running, nothing_to_stop: false },
+    text: `stopped ${running.join(', ')}`,
   };
 }
 
 export async function crashCommand(ctx: CommandContext): Promise<CommandResult> {
+  const runDir = runDirOf(ctx);
+  if (!existsSync(join(runDir, RUN_FILE))) return nothingTo('kill', runDir);
   const handle = attach(ctx);
   const all = ctx.invocation.all;
+  const running = new Set(aliveServers(handle));
   const killed = [...handle.servers.values()]
-    .filter((s) => all || s.kind !== 'inference')
+    .filter((s) => running.has(s.name) && (all || s.kind !== 'inference'))
     .map((s) => s.name);
+  if (killed.length === 0) return nothingTo('kill', runDir);
   await handle.crash({ all });
   return {
     exitCode: ExitCode.OK,
-    data: { run_dir: handle.runDir, killed },
+    data: { run_dir: runDir, killed, nothing_to_kill: false },
     text:
       `SIGKILLed ${killed.join(', ')}` +
       (all ? '' : '; the inference backend is kept') +
-      `\nstart fresh processes with: ${PROGRAM} up --run-dir ${handle.runDir}`,
+      `\nstart fresh processes with: ${PROGRAM} up --run-dir ${runDir}`,
+  };
+}
+
+/**
+ * `down` or `crash` with no server of the stack running succeeds: the stack is down either way,
+ * as after `docker compose down`, so a cleanup script (`trap … EXIT`) can run it unconditionally.
+ */
+function nothingTo(what: 'stop' | 'kill', runDir: string): CommandResult {
+  const list = what === 'stop' ? 'stopped' : 'killed';
+  return {
+    exitCode: ExitCode.OK,
+    data: { run_dir: runDir, [list]: [], [`nothing_to_${what}`]: true },
+    text: `nothing to ${what}: no server of the stack of ${runDir} is running`,
   };
 }
