@@ -54,6 +54,14 @@ export const ERROR_CATALOGUE = {
     status: 502,
     meaning: 'a server this one called could not be reached or gave an unusable answer',
   },
+  malformed_request: {
+    status: 400,
+    meaning: 'the HTTP request could not be parsed (request line, headers or framing)',
+  },
+  headers_too_large: {
+    status: 431,
+    meaning: 'the request headers are larger than the server accepts',
+  },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
@@ -110,6 +118,8 @@ export class PayloadTooLargeError extends errorClass('payload_too_large') {}
 export class ConfigError extends errorClass('invalid_config') {}
 export class InternalError extends errorClass('internal_error') {}
 export class UpstreamError extends errorClass('upstream_error') {}
+export class MalformedRequestError extends errorClass('malformed_request') {}
+export class HeadersTooLargeError extends errorClass('headers_too_large') {}
 
 /** True for a code this catalogue defines. */
 export function isErrorCode(code: unknown): code is ErrorCode {
