@@ -54,6 +54,14 @@ export const ERROR_CATALOGUE = {
     status: 502,
     meaning: 'a server this one called could not be reached or gave an unusable answer',
   },
+  malformed_request: {
+    status: 400,
+    meaning: 'the HTTP request could not be parsed (request line, headers or framing)',
+  },
+  headers_too_large: {
+    status: 431,
+    meaning: 'the request headers are larger than the server accepts',
+  },
 } as const satisfies Record<string, { status: number; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
@@ -110,6 +118,8 @@ export class PayloadTooLargeError extends errorClass('payload_too_large') {}
 export class ConfigError extends errorClass('invalid_config') {}
 export class InternalError extends errorClass('internal_error') {}
 export class UpstreamError extends errorClass('upstream_error') {}
+export class MalformedRequestError extends errorClass('malformed_request') {}
+export class HeadersTooLargeError extends errorClass('headers_too_large') {}
 
 /** True for a code this catalogue defines. */
 export function isErrorCode(code: unknown): code is ErrorCode {
@@ -128,21 +138,42 @@ export function errorFromBody(status: number, body: unknown): CkptGymError {
   return new UpstreamError(`HTTP ${status}: ${JSON.stringify(body)?.slice(0, 200) ?? ''}`);
 }
 
+/** What body-parser and raw-body attach to an error: `expose` is true when the client caused it. */
+interface BodyReadError {
+  message?: unknown;
+  status?: unknown;
+  expose?: unknown;
+  type?: unknown;
+}
+
 /**
- * Turns anything thrown into the error a client may see: typed errors pass through, body-parser
+ * The typed error for a failure to read a request body, or undefined for another error. body-parser
+ * and raw-body give each failure an HTTP status, and `expose: true` to the 4xx ones a client caused:
+ * bad JSON, too large a body, an unsupported charset or content encoding, a body shorter than its
+ * content-length, and a compressed body that does not decompress (a zlib error, without a `type`).
+ * Nothing else a gym server runs raises such errors.
+ */
+function bodyReadError(err: unknown): CkptGymError | undefined {
+  const { message, status, expose, type } = (err ?? {}) as BodyReadError;
+  if (expose !== true || typeof status !== 'number' || status < 400 || status > 499) {
+    return undefined;
+  }
+  if (type === 'entity.too.large') return new PayloadTooLargeError('request body is too large');
+  const reason = String(message);
+  if (type === 'entity.parse.failed') {
+    return new InvalidRequestError(`request body is not valid JSON: ${reason}`);
+  }
+  if (type === undefined) {
+    return new InvalidRequestError(`request body could not be decompressed: ${reason}`);
+  }
+  return new InvalidRequestError(`request body could not be read: ${reason}`);
+}
+
+/**
+ * Turns anything thrown into the error a client may see: typed errors pass through, body-reading
  * failures become 422/413, everything else is a 500 `internal_error` whose detail hides internals.
  */
 export function toClientError(err: unknown): CkptGymError {
   if (err instanceof CkptGymError) return err;
-  const parserType = (err as { type?: unknown } | null)?.type;
-  if (parserType === 'entity.parse.failed') {
-    return new InvalidRequestError(`request body is not valid JSON: ${(err as Error).message}`);
-  }
-  if (parserType === 'entity.too.large') {
-    return new PayloadTooLargeError('request body is too large');
-  }
-  if (typeof parserType === 'string' && parserType.startsWith('encoding.')) {
-    return new InvalidRequestError(`request body encoding is not supported: ${parserType}`);
-  }
-  return new InternalError('internal server error');
+  return bodyReadError(err) ?? new InternalError('internal server error');
 }

@@ -2,6 +2,8 @@
  * Express glue every server shares: JSON errors for every failure (never an HTML page or a stack
  * trace), a JSON 404 for unknown routes, and an abort signal tied to the client's connection.
  */
+import { isUtf8 } from 'node:buffer';
+
 import express, {
   type ErrorRequestHandler,
   type Request,
@@ -62,11 +64,80 @@ export function requestSignal(req: Request, res: Response): AbortSignal {
 const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)/i;
 
 /**
- * Parses an `application/json` body of at most `limit` into `req.body` (an empty body is `{}`;
- * another content type is left unparsed). Like `express.json` in what it accepts, but it decodes
- * UTF-8 itself: `express.json` loads iconv-lite's codec tables on a process's first body, which
- * cost ~150 ms of CPU inside a fresh server's restore. Bad JSON and charsets other than UTF-8 are
- * 422 `invalid_request`, too large a body is 413 `payload_too_large`.
+ * The deepest a JSON body may nest arrays and objects. Gym payloads nest a few levels (OpenAI
+ * requests and control bodies under 10; tool arguments are strings), and NeMo Gym's Python `json`
+ * fails near 1,000 levels anyway. Recursive code on a body's way (the policy's `JSON.stringify` of
+ * a request, ajv, a recursive walk or clone) overflows node's stack at a few thousand levels
+ * (`JSON.stringify` near 4,000 levels, `structuredClone` or a one-frame recursive map near 3,000,
+ * less inside a deep call stack): 512 keeps a wide margin. The scan costs a quarter of a
+ * `JSON.parse` of the same body.
+ */
+export const MAX_JSON_BODY_DEPTH = 512;
+
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const OPEN_BRACKET = 0x5b;
+const CLOSE_BRACKET = 0x5d;
+const OPEN_BRACE = 0x7b;
+const CLOSE_BRACE = 0x7d;
+
+/**
+ * True when JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
+ * count). One pass over the bytes, before anything recursive sees the value. In UTF-8 every byte of
+ * a multi-byte character is >= 0x80, so none is mistaken for a quote, backslash or bracket.
+ */
+export function nestsDeeperThan(bytes: Uint8Array, limit: number): boolean {
+  let depth = 0;
+  for (let i = 0; i < bytes.length; i++) {
+    const byte = bytes[i];
+    if (byte === QUOTE) {
+      // Skip the string in a tight loop: most of a large body is strings.
+      for (i++; i < bytes.length && bytes[i] !== QUOTE; i++) {
+        if (bytes[i] === BACKSLASH) i++;
+      }
+    } else if (byte === OPEN_BRACKET || byte === OPEN_BRACE) {
+      if (++depth > limit) return true;
+    } else if (byte === CLOSE_BRACKET || byte === CLOSE_BRACE) {
+      depth--;
+    }
+  }
+  return false;
+}
+
+/**
+ * The value an `application/json` body holds (an empty body is `{}`). Refused with 422
+ * `invalid_request`: a charset other than UTF-8, bytes that are not UTF-8 (decoding would replace
+ * them with U+FFFD and change the payload unseen), nesting deeper than MAX_JSON_BODY_DEPTH, and
+ * text that is not JSON.
+ */
+function decodeJsonBody(bytes: Buffer, contentType: string | undefined): unknown {
+  const charset = CHARSET.exec(contentType ?? '')?.[1]?.toLowerCase();
+  if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
+    throw new InvalidRequestError(`request body charset must be utf-8, not ${charset}`);
+  }
+  if (bytes.length === 0) return {};
+  if (!isUtf8(bytes)) throw new InvalidRequestError('request body is not valid UTF-8');
+  if (nestsDeeperThan(bytes, MAX_JSON_BODY_DEPTH)) {
+    throw new InvalidRequestError(
+      `request body nests deeper than ${MAX_JSON_BODY_DEPTH} levels of arrays and objects`,
+    );
+  }
+  try {
+    return JSON.parse(bytes.toString('utf8')) as unknown;
+  } catch (parseError) {
+    throw new InvalidRequestError(
+      `request body is not valid JSON: ${(parseError as Error).message}`,
+    );
+  }
+}
+
+/**
+ * Parses an `application/json` body of at most `limit` into `req.body` with `decodeJsonBody`
+ * (another content type is left unparsed); every server reads JSON bodies through it. Like
+ * `express.json` in what it accepts, but it decodes UTF-8 itself: `express.json` loads iconv-lite's
+ * codec tables on a process's first body, which cost ~150 ms of CPU inside a fresh server's
+ * restore. Too large a body is 413 `payload_too_large`; one whose content encoding is unsupported
+ * or does not decompress is 422 `invalid_request` (see `toClientError`).
  */
 export function jsonBody(limit: string | number): RequestHandler {
   const raw = express.raw({ type: 'application/json', limit });
@@ -81,19 +152,10 @@ export function jsonBody(limit: string | number): RequestHandler {
         next();
         return;
       }
-      const charset = CHARSET.exec(req.headers['content-type'] ?? '')?.[1]?.toLowerCase();
-      if (charset !== undefined && charset !== 'utf-8' && charset !== 'utf8') {
-        next(new InvalidRequestError(`request body charset must be utf-8, not ${charset}`));
-        return;
-      }
       try {
-        req.body = bytes.length === 0 ? {} : JSON.parse(bytes.toString('utf8'));
-      } catch (parseError) {
-        next(
-          new InvalidRequestError(
-            `request body is not valid JSON: ${(parseError as Error).message}`,
-          ),
-        );
+        req.body = decodeJsonBody(bytes, req.headers['content-type']);
+      } catch (decodeError) {
+        next(decodeError);
         return;
       }
       next();

@@ -3,13 +3,26 @@
  * control plane (only when checkpointing is enabled), JSON errors for everything, and a listener
  * that closes cleanly. A server package builds its routes between `createGymApp` and `finish`.
  */
-import { createServer, type Server } from 'node:http';
+import {
+  createServer,
+  maxHeaderSize,
+  type Server,
+  type ServerResponse,
+  STATUS_CODES,
+} from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 
 import express, { type Express } from 'express';
 
 import { ControlPlane, type ControlPlaneOptions, installControlPlane } from './control/index.js';
-import { ConfigError } from './errors.js';
+import {
+  type CkptGymError,
+  ConfigError,
+  HeadersTooLargeError,
+  MalformedRequestError,
+  PayloadTooLargeError,
+} from './errors.js';
 import { errorMiddleware, notFoundMiddleware } from './express.js';
 import { KEEP_ALIVE_IDLE_MS } from './http-client.js';
 import { rolloutPrefixMiddleware } from './identity.js';
@@ -119,11 +132,74 @@ export function keepIdleConnections(server: Server): void {
   server.requestTimeout = 0;
 }
 
+/**
+ * The typed error answering a request node's HTTP parser refused before any route saw it, or
+ * undefined for a failure nobody can be answered for (a reset, a timed-out half-sent request).
+ */
+function parserErrorReply(err: NodeJS.ErrnoException): CkptGymError | undefined {
+  const reason = (err as { reason?: unknown }).reason;
+  switch (err.code) {
+    case 'HPE_HEADER_OVERFLOW':
+      return new HeadersTooLargeError(`request headers are larger than ${maxHeaderSize} bytes`);
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return new PayloadTooLargeError('request chunk extensions are too large');
+    default:
+      return err.code?.startsWith('HPE_')
+        ? new MalformedRequestError(
+            `the HTTP request could not be parsed: ${typeof reason === 'string' ? reason : err.code}`,
+          )
+        : undefined;
+  }
+}
+
+/** A complete HTTP/1.1 response carrying `err` in the standard JSON shape; the connection closes. */
+function rawErrorResponse(err: CkptGymError): string {
+  const body = JSON.stringify(err.toBody());
+  return [
+    `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}`,
+    'content-type: application/json; charset=utf-8',
+    `content-length: ${Buffer.byteLength(body)}`,
+    'connection: close',
+    '',
+    body,
+  ].join('\r\n');
+}
+
+/** How long an answered broken request's socket may drain before it is destroyed anyway. */
+const PARSER_ERROR_LINGER_MS = 5_000;
+
+/**
+ * Answers what node's HTTP parser refuses (too large headers, a malformed request line or header,
+ * bad chunked framing) in the standard JSON error shape, where node's own answer is a bare 400,
+ * 413 or 431. With a `clientError` listener node writes nothing, and calls it again for every
+ * later chunk of the broken request. An answered socket drains until the client closes it (a
+ * destroy at once could reset the connection before the client read the answer), for at most
+ * PARSER_ERROR_LINGER_MS. As node does, a socket whose response already started, or that cannot
+ * be answered, is destroyed; a route still reading the broken body writes into the ended socket
+ * in vain.
+ */
+export function answerParserErrorsAsJson(server: Server): void {
+  server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
+    if (socket.writableEnded) return;
+    const inFlight = (socket as Duplex & { _httpMessage?: ServerResponse | null })._httpMessage;
+    const reply = parserErrorReply(err);
+    if (reply === undefined || !socket.writable || inFlight?.headersSent) {
+      socket.destroy();
+      return;
+    }
+    socket.end(rawErrorResponse(reply));
+    socket.resume();
+    const linger = setTimeout(() => socket.destroy(), PARSER_ERROR_LINGER_MS).unref();
+    socket.once('close', () => clearTimeout(linger));
+  });
+}
+
 /** Listens on `host:port` (0 picks a free port) and resolves with the bound address. */
 export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<ListeningServer> {
   return new Promise((resolve, reject) => {
     const server = createServer(app);
     keepIdleConnections(server);
+    answerParserErrorsAsJson(server);
     server.listen({ port, host, backlog: LISTEN_BACKLOG });
     server.once('error', reject);
     server.once('listening', () => {

@@ -36,4 +36,55 @@ describe('the error catalogue', () => {
       error: { code: 'internal_error', detail: 'internal server error' },
     });
   });
+
+  test('a failure to read a request body is a client error: 413 for its size, 422 for anything else', () => {
+    // What body-parser and raw-body raise: an HTTP status, and expose: true for a client's fault.
+    const bodyError = (status: number, message: string, props: object = {}) =>
+      Object.assign(new Error(message), { status, expose: status < 500, ...props });
+    const cases: [Error, string, string][] = [
+      [
+        bodyError(400, 'unexpected end of file', { code: 'Z_BUF_ERROR', errno: -5 }),
+        'invalid_request',
+        'request body could not be decompressed: unexpected end of file',
+      ],
+      [
+        bodyError(415, 'unsupported content encoding "x"', { type: 'encoding.unsupported' }),
+        'invalid_request',
+        'request body could not be read: unsupported content encoding "x"',
+      ],
+      [
+        bodyError(415, 'unsupported charset "LATIN1"', { type: 'charset.unsupported' }),
+        'invalid_request',
+        'request body could not be read: unsupported charset "LATIN1"',
+      ],
+      [
+        bodyError(400, 'request size did not match content length', {
+          type: 'request.size.invalid',
+        }),
+        'invalid_request',
+        'request body could not be read: request size did not match content length',
+      ],
+      [
+        bodyError(400, 'Unexpected token', { type: 'entity.parse.failed' }),
+        'invalid_request',
+        'request body is not valid JSON: Unexpected token',
+      ],
+      [
+        bodyError(413, 'request entity too large', { type: 'entity.too.large' }),
+        'payload_too_large',
+        'request body is too large',
+      ],
+      // A server-side failure while reading stays internal.
+      [
+        bodyError(500, 'stream is not readable', { type: 'stream.not.readable' }),
+        'internal_error',
+        'internal server error',
+      ],
+      [Object.assign(new Error('x'), { status: 400 }), 'internal_error', 'internal server error'],
+    ];
+    for (const [err, code, detail] of cases) {
+      const client = toClientError(err);
+      expect([err.message, client.code, client.detail]).toEqual([err.message, code, detail]);
+    }
+  });
 });

@@ -1,9 +1,11 @@
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
+import { connect } from 'node:net';
 
 import express from 'express';
 
 import {
+  jsonBody,
   KEEP_ALIVE_IDLE_MS,
   listen,
   SERVER_HEADERS_TIMEOUT_MS,
@@ -46,4 +48,75 @@ describe('listen', () => {
       await running.close();
     }
   });
+
+  test('a request node cannot parse is answered in the JSON error shape: 431 for too large headers, 400 otherwise', async () => {
+    const app = express();
+    app.post('/', jsonBody('1mb'), (_req, res) => {
+      res.json({});
+    });
+    const running = await listen(app, 0);
+    try {
+      const huge = `GET / HTTP/1.1\r\nhost: x\r\nx-big: ${'a'.repeat(100_000)}\r\n\r\n`;
+      expect(parseResponse(await rawExchange(running.port, huge))).toEqual({
+        status: 'HTTP/1.1 431 Request Header Fields Too Large',
+        contentType: 'application/json; charset=utf-8',
+        body: {
+          error: {
+            code: 'headers_too_large',
+            detail: expect.stringMatching(/^request headers are larger than \d+ bytes$/),
+          },
+        },
+      });
+      for (const request of [
+        'GE T / HTTP/1.1\r\nhost: x\r\n\r\n',
+        'GET / HTTP/9\r\n\r\n',
+        'POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n',
+        // The route is already reading this body when its framing breaks.
+        `POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n`,
+      ]) {
+        expect([request, parseResponse(await rawExchange(running.port, request))]).toEqual([
+          request,
+          {
+            status: 'HTTP/1.1 400 Bad Request',
+            contentType: 'application/json; charset=utf-8',
+            body: {
+              error: {
+                code: 'malformed_request',
+                detail: expect.stringMatching(/^the HTTP request could not be parsed: /),
+              },
+            },
+          },
+        ]);
+      }
+      const extensions = `POST / HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n2;${'e'.repeat(20_000)}\r\n{}\r\n0\r\n\r\n`;
+      expect(parseResponse(await rawExchange(running.port, extensions))).toEqual({
+        status: 'HTTP/1.1 413 Payload Too Large',
+        contentType: 'application/json; charset=utf-8',
+        body: {
+          error: { code: 'payload_too_large', detail: 'request chunk extensions are too large' },
+        },
+      });
+    } finally {
+      await running.close();
+    }
+  });
 });
+
+/** Writes `request` on a fresh connection and resolves with everything read until it closes. */
+function rawExchange(port: number, request: string): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = connect(port, '127.0.0.1');
+    const chunks: Buffer[] = [];
+    socket.on('data', (chunk: Buffer) => chunks.push(chunk));
+    socket.on('error', reject);
+    socket.on('close', () => resolve(Buffer.concat(chunks).toString('utf8')));
+    socket.write(request);
+  });
+}
+
+function parseResponse(raw: string): { status: string; contentType: string; body: unknown } {
+  const [head = '', body = ''] = raw.split('\r\n\r\n');
+  const [status = '', ...headers] = head.split('\r\n');
+  const contentType = headers.find((h) => /^content-type:/i.test(h))?.replace(/^[^:]+:\s*/, '');
+  return { status, contentType: contentType ?? '', body: body === '' ? '' : JSON.parse(body) };
+}

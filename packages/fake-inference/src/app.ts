@@ -14,7 +14,9 @@ import {
   verifyAndLinearize,
   type ErrorLogger,
   InvalidRequestError,
+  answerParserErrorsAsJson,
   errorMiddleware,
+  jsonBody,
   keepIdleConnections,
   LISTEN_BACKLOG,
   notFoundMiddleware,
@@ -328,7 +330,7 @@ export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
   const app = express();
   app.disable('x-powered-by');
   app.use(rolloutPrefixMiddleware());
-  app.use(express.json({ limit: '50mb' }));
+  app.use(jsonBody('50mb'));
   app.get('/v1/models', (_req, res) => {
     res.json(modelList(state.model));
   });
@@ -367,6 +369,7 @@ export async function startFakeInference(
   const host = options.host ?? '127.0.0.1';
   const server = createServer(app);
   keepIdleConnections(server);
+  answerParserErrorsAsJson(server);
   server.listen({ port: options.port ?? 0, host, backlog: LISTEN_BACKLOG });
   await once(server, 'listening');
   const { port } = server.address() as AddressInfo;

@@ -1,3 +1,6 @@
+import { connect } from 'node:net';
+import { gzipSync } from 'node:zlib';
+
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';
 import type { CallView } from '../src/calls.js';
 import { SCRIPTS } from '../src/script.js';
@@ -423,6 +426,50 @@ describe('models, errors and routes', () => {
       body: '{after_calls',
     });
     expect(res.status).toBe(422);
+  });
+
+  test('a body in another charset, with a broken content encoding or nested 10k levels deep is 422 invalid_request', async () => {
+    const body = JSON.stringify({ model: 'fake-model', messages: [USER] });
+    const cases: [Record<string, string>, string | Uint8Array, string][] = [
+      [{ 'content-type': 'application/json; charset=latin1' }, body, 'charset must be utf-8'],
+      [{ 'content-encoding': 'gzip' }, gzipSync(body).subarray(0, 12), 'could not be decompressed'],
+      [{ 'content-encoding': 'deflate' }, body, 'could not be decompressed'],
+      [
+        {},
+        `{"model":"m","messages":${'['.repeat(10_000)}${']'.repeat(10_000)}}`,
+        'nests deeper than',
+      ],
+    ];
+    for (const [headers, sent, detail] of cases) {
+      const res = await fetch(`${fake.url}${chatPath('r1')}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...headers },
+        body: sent,
+      });
+      expect([headers, res.status, await res.json()]).toEqual([
+        headers,
+        422,
+        { error: { code: 'invalid_request', detail: expect.stringContaining(detail) } },
+      ]);
+    }
+    expect(await calls()).toEqual([]);
+  });
+
+  test('too large request headers are a 431 in the JSON error shape', async () => {
+    const reply = await new Promise<string>((resolve, reject) => {
+      const socket = connect(fake.port, '127.0.0.1');
+      const chunks: Buffer[] = [];
+      socket.on('data', (chunk: Buffer) => chunks.push(chunk));
+      socket.on('error', reject);
+      socket.on('close', () => resolve(Buffer.concat(chunks).toString('utf8')));
+      socket.write(`GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: ${'a'.repeat(100_000)}\r\n\r\n`);
+    });
+    const [head = '', body = ''] = reply.split('\r\n\r\n');
+    expect(head.split('\r\n')[0]).toBe('HTTP/1.1 431 Request Header Fields Too Large');
+    expect(head).toMatch(/^content-type: application\/json/m);
+    expect(JSON.parse(body)).toEqual({
+      error: { code: 'headers_too_large', detail: expect.stringContaining('request headers') },
+    });
   });
 
   test('an unknown route is a JSON 404 not_found', async () => {

@@ -9,6 +9,7 @@ import {
   createGymApp,
   type ControlPlane,
   InvalidRequestError,
+  jsonBody,
   type Logger,
   type ServerSettings,
   type StackSettings,
@@ -236,7 +237,7 @@ function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: st
         sendError(res, toClientError(err));
       }
     };
-  const json = express.json({ limit: '4mb' });
+  const json = jsonBody('4mb');
   router.post('/rollouts/retire', json, removal('retire'));
   router.post('/rollouts/delete', json, removal('delete'));
   return router;

@@ -14,6 +14,7 @@ import {
   InternalError,
   InvalidRequestError,
   type JsonObject,
+  jsonBody,
   type Logger,
   captureKey,
   conversationDigest,
@@ -231,7 +232,7 @@ class HeldResponse {
 
 export function createProxyRouter(options: ProxyOptions): Router {
   const router = express.Router();
-  const json = express.json({ limit: GENERATION_BODY_LIMIT });
+  const json = jsonBody(GENERATION_BODY_LIMIT);
   const backend = new BackendClient();
 
   router.get('/v1/models', async (req, res, next) => {

@@ -1,6 +1,9 @@
+import { gzipSync } from 'node:zlib';
+
 import { afterEach, describe, expect, it } from '@jest/globals';
 import OpenAI from 'openai';
 
+import { CAPTURE_CONTROL_PREFIX } from '../src/index.js';
 import {
   CHAT_BODY,
   chat,
@@ -10,6 +13,7 @@ import {
   episodes,
   fakeCalls,
   startHarness,
+  TOKEN,
 } from './support.js';
 
 afterEach(cleanup);
@@ -160,6 +164,44 @@ describe('identity prefixes', () => {
     await expect(openai.chat.completions.create(CHAT_BODY as never)).rejects.toMatchObject({
       status: 409,
     });
+    expect(await fakeCalls(h.fake)).toEqual([]);
+  });
+});
+
+describe('request bodies', () => {
+  it('a body in another charset, with a broken content encoding or nested 10k levels deep is 422 invalid_request and never reaches the backend', async () => {
+    const h = await startHarness();
+    const routes = [
+      '/ng-rollout/r/v1/chat/completions',
+      '/ng-rollout/r/v1/responses',
+      `${CAPTURE_CONTROL_PREFIX}/rollouts/retire`,
+    ];
+    const body = JSON.stringify(CHAT_BODY);
+    const deep = `${body.slice(0, -1)},"input":"weather?","tools":${'['.repeat(10_000)}${']'.repeat(10_000)}}`;
+    const cases: [Record<string, string>, string | Uint8Array, string][] = [
+      [{ 'content-type': 'application/json; charset=latin1' }, body, 'charset must be utf-8'],
+      [{ 'content-encoding': 'gzip' }, gzipSync(body).subarray(0, 12), 'could not be decompressed'],
+      [{}, deep, 'nests deeper than'],
+    ];
+    for (const route of routes) {
+      for (const [headers, sent, detail] of cases) {
+        const res = await fetch(`${h.url}${route}`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            authorization: `Bearer ${TOKEN}`,
+            ...headers,
+          },
+          body: sent,
+        });
+        expect([route, headers, res.status, await res.json()]).toEqual([
+          route,
+          headers,
+          422,
+          { error: { code: 'invalid_request', detail: expect.stringContaining(detail) } },
+        ]);
+      }
+    }
     expect(await fakeCalls(h.fake)).toEqual([]);
   });
 });

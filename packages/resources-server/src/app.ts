@@ -17,11 +17,12 @@ import {
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
+  jsonBody,
   type Logger,
   requestEpisode,
   requestSignal,
 } from '@ckpt-gym/core';
-import express, { type Express, type Request, type RequestHandler, type Response } from 'express';
+import type { Express, Request, RequestHandler, Response } from 'express';
 
 import { newSessionId, SessionCookie, sessionSecret } from './cookie.js';
 import {
@@ -151,7 +152,7 @@ export function createResourcesServer(
     }),
   );
   const app = gym.app;
-  app.use(express.json({ limit: options.bodyLimit ?? DEFAULT_BODY_LIMIT }));
+  app.use(jsonBody(options.bodyLimit ?? DEFAULT_BODY_LIMIT));
 
   const serve =
     (route: Route): RequestHandler =>

@@ -1,3 +1,5 @@
+import { gzipSync } from 'node:zlib';
+
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
 import { probeServer } from './probe.js';
 import { cleanUp, episodeJson, responseCalling, startServer } from './support.js';
@@ -169,5 +171,28 @@ describe('sessions without checkpointing', () => {
     const reply = await server.post('/get_weather', [1, 2]);
     expect(reply.status).toBe(422);
     expect(reply.body.error).toMatchObject({ code: 'invalid_request' });
+  });
+
+  test('a body in another charset, with a broken content encoding or nested 10k levels deep is 422 invalid_request', async () => {
+    const server = await startServer(counterServer(), { checkpoint: false });
+    const body = JSON.stringify({ responses_create_params: { input: [] }, response: {} });
+    const cases: [Record<string, string>, string | Uint8Array, string][] = [
+      [{ 'content-type': 'application/json; charset=latin1' }, body, 'charset must be utf-8'],
+      [{ 'content-encoding': 'gzip' }, gzipSync(body).subarray(0, 12), 'could not be decompressed'],
+      [{}, '['.repeat(10_000) + ']'.repeat(10_000), 'nests deeper than'],
+      [{}, Buffer.from([0x7b, 0x22, 0xff, 0x22, 0x3a, 0x31, 0x7d]), 'not valid UTF-8'],
+    ];
+    for (const [headers, sent, detail] of cases) {
+      const res = await fetch(`${server.url}/verify`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...headers },
+        body: sent,
+      });
+      expect([headers, res.status, await res.json()]).toEqual([
+        headers,
+        422,
+        { error: { code: 'invalid_request', detail: expect.stringContaining(detail) } },
+      ]);
+    }
   });
 });

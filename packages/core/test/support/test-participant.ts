@@ -16,6 +16,7 @@ import type { Logger, LogMeta } from '../../src/logging.js';
 import {
   type AdmissionRequest,
   BaseParticipant,
+  type ParticipantKind,
   type PrepareReport,
   prepareReport,
 } from '../../src/participant.js';
@@ -138,8 +139,8 @@ export class TestParticipant extends BaseParticipant<TestRecord> {
   readonly holdingState = new Set<string>();
   commitExtra: Record<string, unknown> = {};
 
-  constructor(instance = 'test') {
-    super('environment', instance);
+  constructor(instance = 'test', kind: ParticipantKind = 'environment') {
+    super(kind, instance);
   }
 
   // --- episodes, as the data plane would drive them ---------------------------------------------
