@@ -30,6 +30,9 @@ const TASKS = join(REPO, 'examples/tasks.jsonl');
 // token_capture.dir of examples/local.yaml, relative to the file.
 const EXAMPLE_CAPTURE = join(REPO, 'examples/.ckpt-gym');
 const EXAMPLE_PORTS = [8100, 8101, 8102, 8103, 8104, 8105];
+// A block that has not finished by then is killed and its hung command reported; jest's own
+// timeout of each test comes later.
+const BLOCK_LIMIT_MS = 180_000;
 const BLOCK_TIMEOUT_MS = 240_000;
 
 const rootReadme = readFileSync(join(REPO, 'README.md'), 'utf8');
@@ -79,16 +82,21 @@ function onlyBlock(text: string, lang: string, where: string): string {
 
 interface CommandOutcome {
   command: string;
-  exit: number;
+  /** Its exit code, or 'hung' when the block ran out of time in it. */
+  exit: number | 'hung';
 }
 
 let running: ChildProcess | undefined;
 
 /**
  * Runs `cmds` in order in one bash (its own process group) from the repository root; stops at the
- * first that exits non-zero. Resolves with each command's exit code and everything bash printed.
+ * first that exits non-zero, or kills the group once `limitMs` passed. Resolves with each command's
+ * exit code and everything bash printed.
  */
-async function runBlock(cmds: string[]): Promise<{ outcomes: CommandOutcome[]; output: string }> {
+async function runBlock(
+  cmds: string[],
+  limitMs: number,
+): Promise<{ outcomes: CommandOutcome[]; output: string }> {
   const rcFile = join(tmpdir(), `ckpt-gym-readme-${process.pid}-${Date.now()}.rc`);
   const script = cmds
     .map(
@@ -106,23 +114,30 @@ async function runBlock(cmds: string[]): Promise<{ outcomes: CommandOutcome[]; o
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
   child.stderr.on('data', (chunk: Buffer) => (output += chunk.toString()));
+  let hung = false;
+  const timer = setTimeout(() => {
+    hung = true;
+    process.kill(-child.pid!, 'SIGKILL');
+  }, limitMs);
   // 'exit', not 'close': a background job of the block may keep the pipes open.
   await new Promise((done) => child.once('exit', done));
+  clearTimeout(timer);
   const recorded = existsSync(rcFile) ? readFileSync(rcFile, 'utf8') : '';
   rmSync(rcFile, { force: true });
-  const outcomes = recorded
+  const outcomes: CommandOutcome[] = recorded
     .split('\n')
     .filter(Boolean)
     .map((line) => {
       const [index, exit] = line.split(' ').map(Number);
       return { command: cmds[index!]!, exit: exit! };
     });
+  if (hung) outcomes.push({ command: cmds[outcomes.length]!, exit: 'hung' });
   return { outcomes, output };
 }
 
 /** Runs the block and expects every command to have run and exited 0 (the output on failure). */
 async function expectBlockRuns(cmds: string[]): Promise<string> {
-  const { outcomes, output } = await runBlock(cmds);
+  const { outcomes, output } = await runBlock(cmds, BLOCK_LIMIT_MS);
   const everyOk = cmds.map((command) => ({ command, exit: 0 }));
   if (JSON.stringify(outcomes) !== JSON.stringify(everyOk)) {
     process.stderr.write(`README block output:\n${output.slice(-6000)}\n`);
