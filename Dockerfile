@@ -5,10 +5,18 @@
 # --- build: every workspace package compiled with its dev dependencies ----------------------------
 FROM node:20-bookworm-slim AS build
 WORKDIR /app
+# Manifests first: the dependency layer is rebuilt only when one of them changes, not on a source change.
 COPY package.json package-lock.json tsconfig.base.json ./
-COPY packages/ packages/
+COPY packages/core/package.json packages/core/
+COPY packages/fake-inference/package.json packages/fake-inference/
+COPY packages/resources-server/package.json packages/resources-server/
+COPY packages/policy-model-server/package.json packages/policy-model-server/
+COPY packages/agent-server/package.json packages/agent-server/
+COPY packages/environment-server/package.json packages/environment-server/
+COPY packages/coordinator-cli/package.json packages/coordinator-cli/
 COPY e2e/package.json e2e/
 RUN npm ci --no-audit --no-fund --ignore-scripts
+COPY packages/ packages/
 # Dependency order; each package compiles against the declarations of those before it.
 RUN for p in core fake-inference resources-server policy-model-server agent-server \
       environment-server coordinator-cli; do \

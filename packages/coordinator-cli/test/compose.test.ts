@@ -1,6 +1,9 @@
-/** docker-compose.yml against the stack file it runs: every server a service, each with a healthcheck. */
-import { readFileSync } from 'node:fs';
-import { join } from 'node:path';
+/**
+ * docker-compose.yml against the stack file it runs: every server a service, each with a
+ * healthcheck and its port published on loopback; and the Dockerfile's layer order.
+ */
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { basename, join } from 'node:path';
 
 import { parse } from 'yaml';
 
@@ -17,6 +20,7 @@ interface Service {
   volumes?: string[];
   depends_on?: Record<string, { condition: string }>;
   healthcheck?: { test: string[] };
+  ports?: string[];
 }
 
 const compose = parse(readFileSync(join(REPO, 'docker-compose.yml'), 'utf8'), { merge: true }) as {
@@ -77,4 +81,69 @@ test("the image runs every node process with the launcher's server flags", () =>
   const dockerfile = readFileSync(join(REPO, 'Dockerfile'), 'utf8');
   const runtime = dockerfile.slice(dockerfile.indexOf(' AS runtime'));
   expect(/^ENV NODE_OPTIONS=(.*)$/m.exec(runtime)?.[1]?.split(' ')).toEqual(SERVER_NODE_FLAGS);
+});
+
+test("every server's port is published on 127.0.0.1, the same port on the host", () => {
+  for (const name of launchOrder(stack)) {
+    const { port } = stack.servers.get(name)!;
+    expect([name, compose.services[name]?.ports]).toEqual([name, [`127.0.0.1:${port}:${port}`]]);
+  }
+});
+
+/** The instructions of one stage of a Dockerfile (`FROM … AS name` to the next FROM), joined. */
+function dockerStage(dockerfile: string, name: string): string[] {
+  const instructions = dockerfile
+    .replace(/\\\n/g, ' ')
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((line) => line !== '' && !line.startsWith('#'));
+  const start = instructions.findIndex((line) =>
+    new RegExp(`^FROM .* AS ${name}$`, 'i').test(line),
+  );
+  if (start < 0) throw new Error(`no stage ${name}`);
+  const end = instructions.findIndex((line, i) => i > start && /^FROM /i.test(line));
+  return instructions.slice(start + 1, end < 0 ? undefined : end);
+}
+
+/** The sources of a `COPY [--flags] a b … dest`. */
+function copySources(instruction: string): string[] {
+  const words = instruction
+    .split(/\s+/)
+    .slice(1)
+    .filter((word) => !word.startsWith('--'));
+  return words.slice(0, -1);
+}
+
+const MANIFEST = /^(package\.json|package-lock\.json|tsconfig[\w.-]*\.json)$/;
+
+/** Every workspace of the root package.json, as a directory relative to the repository. */
+function workspaces(): string[] {
+  const root = JSON.parse(readFileSync(join(REPO, 'package.json'), 'utf8')) as {
+    workspaces: string[];
+  };
+  return root.workspaces.flatMap((pattern) => {
+    if (!pattern.endsWith('/*')) return [pattern];
+    const parent = pattern.slice(0, -2);
+    return readdirSync(join(REPO, parent))
+      .filter((dir) => existsSync(join(REPO, parent, dir, 'package.json')))
+      .map((dir) => `${parent}/${dir}`);
+  });
+}
+
+test('the build stage runs npm ci on the manifests of every workspace before it copies any source', () => {
+  const stage = dockerStage(readFileSync(join(REPO, 'Dockerfile'), 'utf8'), 'build');
+  const install = stage.findIndex((line) => /^RUN npm ci\b/.test(line));
+  expect(install).toBeGreaterThan(0);
+  const before = stage.slice(0, install).filter((line) => /^COPY /.test(line));
+  const copied = before.flatMap(copySources);
+  // Only manifests before the install: a source change must not invalidate its layer.
+  expect(copied.filter((source) => !MANIFEST.test(basename(source)))).toEqual([]);
+  for (const dir of workspaces()) expect(copied).toContain(`${dir}/package.json`);
+  expect(copied).toEqual(expect.arrayContaining(['package-lock.json']));
+  // The sources come after it, and the compile after them.
+  const after = stage.slice(install + 1);
+  const sources = after.findIndex((line) => /^COPY packages\/ /.test(line));
+  const compile = after.findIndex((line) => /\btsc\b/.test(line));
+  expect(sources).toBeGreaterThanOrEqual(0);
+  expect(compile).toBeGreaterThan(sources);
 });
