@@ -274,6 +274,7 @@ function authHeaders(options: ProxyOptions): Record<string, string> {
 /** A failure to reach or use the backend: a 502 naming it; the cause (socket text) is logged only. */
 function upstreamError(options: ProxyOptions, what: string, cause: unknown): UpstreamError {
   const url = new URL(options.backendUrl);
+  // Origin and path only: credentials or a query in the configured URL never reach a client.
   const name = `${url.origin}${url.pathname.replace(/\/+$/, '')}`;
   return new UpstreamError(`the inference backend at ${name} ${what}`, { cause });
 }
