@@ -2,15 +2,21 @@
  * Collecting rollouts: episodes sent to an environment server's `POST /run`, a bounded number at
  * once, each reply handed on once. `run` and the demo are built on it.
  *
- * A request the server refuses with 409 `admission_closed` owns nothing (a checkpoint is open), so
- * it is sent again, same attempt, once admission may have reopened. Any other failure to get a
- * reply (the stack crashed, the attempt was retired) leaves the episode *lost*: it has no result,
- * and whoever drives the collection decides what comes next (continue it after a restore, or
- * retire it and start it over).
+ * A request the server refuses with a code whose catalogue retry rule is `after_resume` (409
+ * `admission_closed`: a checkpoint is open) owns nothing, so it is sent again, same attempt, once
+ * admission may have reopened. Any other failure to get a reply (the stack crashed, the attempt
+ * was retired) leaves the episode *lost*: it has no result, and whoever drives the collection
+ * decides what comes next (continue it after a restore, or retire it and start it over).
  */
 import { setMaxListeners } from 'node:events';
 
-import { type EpisodeId, captureKey, type HttpClients } from '@ckpt-gym/core';
+import {
+  type EpisodeId,
+  captureKey,
+  type HttpClients,
+  isErrorCode,
+  retryRule,
+} from '@ckpt-gym/core';
 
 import { describe } from './context.js';
 
@@ -56,10 +62,10 @@ export interface CollectorOptions {
 
 const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
 
-/** Whether a reply body is the 409 `admission_closed` refusal. */
-export function isAdmissionClosed(status: number, body: unknown): boolean {
+/** Whether a reply body is a refusal to send again after resume (`admission_closed`). */
+export function retriesAfterResume(body: unknown): boolean {
   const code = (body as { error?: { code?: unknown } } | null)?.error?.code;
-  return status === 409 && code === 'admission_closed';
+  return isErrorCode(code) && retryRule(code) === 'after_resume';
 }
 
 export class Collector {
@@ -164,7 +170,7 @@ export class Collector {
           failure: (reply200.failure ?? null) as Record<string, unknown> | null,
         };
       }
-      if (!isAdmissionClosed(status, body)) {
+      if (!retriesAfterResume(body)) {
         throw new Error(`${captureKey(dispatch.episode)}: HTTP ${status} ${reply.body}`);
       }
       await sleep(ADMISSION_RETRY_MS);

@@ -1,68 +1,151 @@
 /**
  * The error catalogue: every refusal a ckpt-gym server or the coordinator can give, each with a
- * stable `code` and HTTP status. Clients see `{"error": {"code", "detail"}}` and nothing else.
- * docs/errors.md lists every code with when it is raised.
+ * stable `code`, HTTP status and retry rule. Clients see `{"error": {"code", "detail"}}` and
+ * nothing else. docs/errors.md lists every code with when it is raised.
  */
 
 export interface ErrorBody {
   error: { code: string; detail: string };
 }
 
-/** The catalogue: code → HTTP status and what it means. The single source of truth for codes. */
+/**
+ * When a client may send a refused request again:
+ * - `never`: sending it again does not help (or must not run it twice) until someone acts.
+ * - `after_resume`: once the open checkpoint is resumed (poll; the refusal owns no state).
+ * - `backoff`: after a pause that grows, because the cause is transient.
+ */
+export type RetryRule = 'never' | 'after_resume' | 'backoff';
+
+/**
+ * The catalogue: code → HTTP status, retry rule and what it means. The single source of truth for
+ * codes; replies carry `x-should-retry` from the rule (see `shouldRetry`).
+ */
 export const ERROR_CATALOGUE = {
-  checkpoint_error: { status: 409, meaning: 'a participant refused a checkpoint operation' },
-  stale_checkpoint: { status: 409, meaning: 'the checkpoint id was already resumed' },
+  // `never`: the controller decides; e.g. coordination retires again after a failed retire hook,
+  // and a resent agent call could run its activation twice.
+  checkpoint_error: {
+    status: 409,
+    retry: 'never',
+    meaning: 'a participant refused a checkpoint operation',
+  },
+  stale_checkpoint: {
+    status: 409,
+    retry: 'never',
+    meaning: 'the checkpoint id was already resumed',
+  },
+  // `never`: waiting for another controller's checkpoint would race it, and a retry with other
+  // arguments conflicts for good.
   checkpoint_conflict: {
     status: 409,
+    retry: 'never',
     meaning:
       'another checkpoint is open, or a completed operation was retried with other arguments',
   },
-  invalid_phase: { status: 409, meaning: 'the operation is not valid in the current phase' },
-  deadline_exceeded: { status: 409, meaning: 'the deadline passed before the work finished' },
+  // `never`: the phase changes only by another control call (resume first), not by waiting.
+  invalid_phase: {
+    status: 409,
+    retry: 'never',
+    meaning: 'the operation is not valid in the current phase',
+  },
+  // `backoff`: bounded work ran out of time, not refused; a resume that could not wait for a
+  // cleanup keeps its phase and succeeds when sent again (with a fresh `deadline_ts`).
+  deadline_exceeded: {
+    status: 409,
+    retry: 'backoff',
+    meaning: 'the deadline passed before the work finished; retry with a fresh deadline',
+  },
   export_failed: {
     status: 409,
+    retry: 'never',
     meaning: 'the export of this checkpoint failed for good; resume and prepare a new checkpoint',
   },
-  restart_in_scope: { status: 409, meaning: 'the commit scope names an episode that restarts' },
+  restart_in_scope: {
+    status: 409,
+    retry: 'never',
+    meaning: 'the commit scope names an episode that restarts',
+  },
+  // `never`: only a retire that frees the state ends it; the controller retires again first.
   retire_incomplete: {
     status: 409,
+    retry: 'never',
     meaning: 'forget refused: a retired attempt still holds state on this server',
   },
-  stale_attempt: { status: 409, meaning: 'the attempt was retired or is not the owning attempt' },
-  admission_closed: { status: 409, meaning: 'new work is refused while a checkpoint is open' },
+  stale_attempt: {
+    status: 409,
+    retry: 'never',
+    meaning: 'the attempt was retired or is not the owning attempt',
+  },
+  admission_closed: {
+    status: 409,
+    retry: 'after_resume',
+    meaning: 'new work is refused while a checkpoint is open; send it again after resume',
+  },
   activation_out_of_order: {
     status: 409,
+    retry: 'never',
     meaning: 'an agent activation index skips or repeats out of order',
   },
-  rollout_id_required: { status: 400, meaning: 'the request must carry a rollout id' },
-  invalid_rollout_id: { status: 400, meaning: 'the rollout id or capture key is malformed' },
-  unauthorized: { status: 401, meaning: 'missing or invalid control bearer token' },
-  not_found: { status: 404, meaning: 'no such route or resource' },
-  rollout_retired: { status: 410, meaning: "the rollout attempt's capture ledger was retired" },
+  rollout_id_required: {
+    status: 400,
+    retry: 'never',
+    meaning: 'the request must carry a rollout id',
+  },
+  invalid_rollout_id: {
+    status: 400,
+    retry: 'never',
+    meaning: 'the rollout id or capture key is malformed',
+  },
+  unauthorized: { status: 401, retry: 'never', meaning: 'missing or invalid control bearer token' },
+  not_found: { status: 404, retry: 'never', meaning: 'no such route or resource' },
+  rollout_retired: {
+    status: 410,
+    retry: 'never',
+    meaning: "the rollout attempt's capture ledger was retired",
+  },
   invalid_checkpoint_state: {
     status: 422,
+    retry: 'never',
     meaning: 'checkpoint storage is missing, corrupt, or cannot be written',
   },
-  invalid_request: { status: 422, meaning: 'the request body or parameters failed validation' },
-  payload_too_large: { status: 413, meaning: 'the request body is larger than the server accepts' },
+  invalid_request: {
+    status: 422,
+    retry: 'never',
+    meaning: 'the request body or parameters failed validation',
+  },
+  payload_too_large: {
+    status: 413,
+    retry: 'never',
+    meaning: 'the request body is larger than the server accepts',
+  },
   invalid_config: {
     status: 500,
+    retry: 'never',
     meaning: 'the stack file or a server setting is invalid (startup)',
   },
-  internal_error: { status: 500, meaning: 'an unexpected server error; details are in the logs' },
+  // `backoff`: an unexpected failure may be transient, and any 5xx is retried already by the
+  // openai SDK and the environment server's episode rule; a model call whose ledger write failed
+  // (poisoned) sent no answer, so its retry repeats nothing delivered.
+  internal_error: {
+    status: 500,
+    retry: 'backoff',
+    meaning: 'an unexpected server error; details are in the logs',
+  },
   upstream_error: {
     status: 502,
+    retry: 'backoff',
     meaning: 'a server this one called could not be reached or gave an unusable answer',
   },
   malformed_request: {
     status: 400,
+    retry: 'never',
     meaning: 'the HTTP request could not be parsed (request line, headers or framing)',
   },
   headers_too_large: {
     status: 431,
+    retry: 'never',
     meaning: 'the request headers are larger than the server accepts',
   },
-} as const satisfies Record<string, { status: number; meaning: string }>;
+} as const satisfies Record<string, { status: number; retry: RetryRule; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
 
@@ -120,6 +203,16 @@ export class InternalError extends errorClass('internal_error') {}
 export class UpstreamError extends errorClass('upstream_error') {}
 export class MalformedRequestError extends errorClass('malformed_request') {}
 export class HeadersTooLargeError extends errorClass('headers_too_large') {}
+
+/** When a request refused with `code` may be sent again. */
+export function retryRule(code: ErrorCode): RetryRule {
+  return ERROR_CATALOGUE[code].retry;
+}
+
+/** Whether a client may send a request refused with `code` again (the `x-should-retry` header). */
+export function shouldRetry(code: ErrorCode): boolean {
+  return retryRule(code) !== 'never';
+}
 
 /** True for a code this catalogue defines. */
 export function isErrorCode(code: unknown): code is ErrorCode {

@@ -11,19 +11,28 @@ import express, {
   type Response,
 } from 'express';
 
-import { type CkptGymError, InvalidRequestError, NotFoundError, toClientError } from './errors.js';
+import {
+  type CkptGymError,
+  InvalidRequestError,
+  NotFoundError,
+  shouldRetry,
+  toClientError,
+} from './errors.js';
 
 export interface ErrorLogger {
   error(message: string, meta?: Record<string, unknown>): void;
 }
 
-/** Writes a typed error as `{"error": {"code", "detail"}}`; 409 refusals also tell SDKs not to retry. */
+/**
+ * Writes a typed error as `{"error": {"code", "detail"}}` with `x-should-retry` from its code's
+ * retry rule, which SDKs (the openai package) obey over their own status-based guess.
+ */
 export function sendError(res: Response, err: CkptGymError): void {
   if (res.headersSent) {
     res.destroy();
     return;
   }
-  if (err.status === 409) res.setHeader('x-should-retry', 'false');
+  res.setHeader('x-should-retry', String(shouldRetry(err.code)));
   res.status(err.status).json(err.toBody());
 }
 

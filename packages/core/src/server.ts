@@ -22,6 +22,7 @@ import {
   HeadersTooLargeError,
   MalformedRequestError,
   PayloadTooLargeError,
+  shouldRetry,
 } from './errors.js';
 import { errorMiddleware, notFoundMiddleware } from './express.js';
 import { KEEP_ALIVE_IDLE_MS } from './http-client.js';
@@ -159,6 +160,7 @@ function rawErrorResponse(err: CkptGymError): string {
     `HTTP/1.1 ${err.status} ${STATUS_CODES[err.status] ?? ''}`,
     'content-type: application/json; charset=utf-8',
     `content-length: ${Buffer.byteLength(body)}`,
+    `x-should-retry: ${String(shouldRetry(err.code))}`,
     'connection: close',
     '',
     body,

@@ -4,14 +4,19 @@ import { join } from 'node:path';
 import { ERROR_CATALOGUE, errorFromBody, toClientError } from '../src/errors.js';
 
 describe('the error catalogue', () => {
-  test('docs/errors.md lists every code with its HTTP status, and no code the catalogue lacks', () => {
+  test('docs/errors.md lists every code with its HTTP status and retry rule, and no code the catalogue lacks', () => {
     const doc = readFileSync(join(import.meta.dirname, '../../../docs/errors.md'), 'utf8');
+    const codesTable = doc.slice(doc.indexOf('\n## Codes\n'));
     const rows = new Map(
-      [...doc.matchAll(/^\| `([a-z_]+)` \| ([^|]+) \|/gm)].map((m) => [m[1]!, m[2]!.trim()]),
+      [...codesTable.matchAll(/^\| `([a-z_]+)` \| ([^|]+) \| ([^|]+) \|/gm)].map((m) => [
+        m[1]!,
+        [m[2]!.trim(), m[3]!.trim()],
+      ]),
     );
-    for (const [code, { status }] of Object.entries(ERROR_CATALOGUE)) {
+    for (const [code, { status, retry }] of Object.entries(ERROR_CATALOGUE)) {
       // invalid_config never reaches a client: the process exits before it listens.
-      expect([code, rows.get(code)]).toEqual([code, code === 'invalid_config' ? '—' : `${status}`]);
+      const http = code === 'invalid_config' ? '—' : `${status}`;
+      expect([code, rows.get(code)]).toEqual([code, [http, retry]]);
     }
     expect([...rows.keys()].filter((code) => !(code in ERROR_CATALOGUE))).toEqual([]);
   });

@@ -22,6 +22,7 @@ import {
   requestSignal,
   sendError,
   toClientError,
+  UpstreamError,
 } from '@ckpt-gym/core';
 import express, { type Request, type Response, type Router } from 'express';
 
@@ -235,24 +236,26 @@ export function createProxyRouter(options: ProxyOptions): Router {
   const json = jsonBody(GENERATION_BODY_LIMIT);
   const backend = new BackendClient();
 
-  router.get('/v1/models', async (req, res, next) => {
+  router.get('/v1/models', async (req, res) => {
+    const signal = requestSignal(req, res);
     try {
       const key = requestEpisode(req);
-      const upstream = await backend.request(
-        backendTarget(
-          options.backendUrl,
-          key && captureKey(key),
-          '/models',
-          options.forwardRolloutPrefix,
-        ),
-        { method: 'GET', headers: authHeaders(options), signal: requestSignal(req, res) },
+      const target = backendTarget(
+        options.backendUrl,
+        key && captureKey(key),
+        '/models',
+        options.forwardRolloutPrefix,
       );
+      const upstream = await fromBackend(options, 'could not be reached', () =>
+        backend.request(target, { method: 'GET', headers: authHeaders(options), signal }),
+      );
+      const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
       res
         .status(upstream.statusCode ?? 502)
         .type('application/json')
-        .send(await readText(upstream));
+        .send(text);
     } catch (err) {
-      next(backendError(err));
+      if (!signal.aborted) sendError(res, loggedFailure(options.logger, err));
     }
   });
 
@@ -269,9 +272,44 @@ function authHeaders(options: ProxyOptions): Record<string, string> {
   return options.backendApiKey ? { authorization: `Bearer ${options.backendApiKey}` } : {};
 }
 
-function backendError(err: unknown): CkptGymError {
-  if (err instanceof CkptGymError) return err;
-  return new InternalError(`the inference backend failed: ${(err as Error).message}`);
+/** A failure to reach or use the backend: a 502 naming it; the cause (socket text) is logged only. */
+function upstreamError(options: ProxyOptions, what: string, cause: unknown): UpstreamError {
+  const url = new URL(options.backendUrl);
+  // Origin and path only: credentials or a query in the configured URL never reach a client.
+  const name = `${url.origin}${url.pathname.replace(/\/+$/, '')}`;
+  return new UpstreamError(`the inference backend at ${name} ${what}`, { cause });
+}
+
+/** Runs a step of talking to the backend; an untyped failure in it is the backend's (502). */
+async function fromBackend<T>(
+  options: ProxyOptions,
+  what: string,
+  step: () => Promise<T>,
+): Promise<T> {
+  try {
+    return await step();
+  } catch (err) {
+    throw err instanceof CkptGymError ? err : upstreamError(options, what, err);
+  }
+}
+
+/**
+ * The error a failed call answers with, logged: a backend failure at warn with its cause (which
+ * its detail leaves out), anything untyped as an unhandled 500 with its stack.
+ */
+function loggedFailure(logger: Logger, err: unknown): CkptGymError {
+  const error = toClientError(err);
+  if (error instanceof UpstreamError) {
+    logger.warn('the inference backend failed', {
+      detail: error.detail,
+      error: String(error.cause),
+    });
+  } else if (!(err instanceof CkptGymError)) {
+    logger.error('unhandled error', {
+      error: err instanceof Error ? (err.stack ?? err.message) : String(err),
+    });
+  }
+  return error;
 }
 
 async function generation(
@@ -342,23 +380,23 @@ async function generation(
       if (lineage.admission) forwardBody = { ...chatBody, ng_capture: lineage.admission };
     }
     const signal = AbortSignal.any([clientSignal, ticket.signal]);
-    const upstream = await backend.request(
-      backendTarget(
-        options.backendUrl,
-        ticket.captureKey,
-        '/chat/completions',
-        options.forwardRolloutPrefix,
-      ),
-      {
+    const target = backendTarget(
+      options.backendUrl,
+      ticket.captureKey,
+      '/chat/completions',
+      options.forwardRolloutPrefix,
+    );
+    const upstream = await fromBackend(options, 'could not be reached', () =>
+      backend.request(target, {
         method: 'POST',
         headers: { 'content-type': 'application/json', ...authHeaders(options) },
         body: JSON.stringify(forwardBody),
         signal,
-      },
+      }),
     );
     const isSse = (upstream.headers['content-type'] ?? '').includes('text/event-stream');
     if (!isOk(upstream) || !isSse) {
-      const text = await readText(upstream);
+      const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
       if (!isOk(upstream)) {
         await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
         held.end(text);
@@ -366,7 +404,11 @@ async function generation(
       }
       const completion = parseJson(text);
       if (!isObj(completion))
-        throw new InternalError('the inference backend answered with no JSON object');
+        throw upstreamError(
+          options,
+          'answered with no JSON object',
+          `HTTP 200 ${text.slice(0, 200)}`,
+        );
       const answer = {
         responseId:
           route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
@@ -380,15 +422,14 @@ async function generation(
       );
       return;
     }
-    await relayStream(route, body as Obj, upstream, held);
+    await fromBackend(options, 'broke off its answer', () =>
+      relayStream(route, body as Obj, upstream, held),
+    );
   } catch (err) {
-    if (held.started || res.headersSent) {
-      res.destroy();
-    } else if (ticket.signal.aborted) {
-      sendError(res, toClientError(ticket.signal.reason));
-    } else if (!clientSignal.aborted) {
-      sendError(res, backendError(err));
-    }
+    // sendError cuts a response that already started: nothing more can be said to the client.
+    if (ticket.signal.aborted) sendError(res, toClientError(ticket.signal.reason));
+    else if (clientSignal.aborted) res.destroy();
+    else sendError(res, loggedFailure(logger, err));
   } finally {
     options.cuts?.left(ticket);
     gate.exit(ticket);

@@ -516,7 +516,9 @@ describe('capture-ledger control routes', () => {
     for (const op of ['retire', 'delete']) {
       const refused = await post(`${routes(h.url)}/${op}`, { rollout_ids: ['r'] }, auth);
       expect(refused.status).toBe(409);
-      expect(refused.headers.get('x-should-retry')).toBe('false');
+      expect(refused.body).toMatchObject({ error: { code: 'admission_closed' } });
+      // after_resume: the same removal succeeds once the checkpoint is resumed (below).
+      expect(refused.headers.get('x-should-retry')).toBe('true');
     }
     expect(await h.server.ledger!.exportRows('r')).toHaveLength(1);
     await control(h.url, 'resume', { checkpoint_id: 'c1', deadline_ts: deadline() });

@@ -152,20 +152,6 @@ describe('identity prefixes', () => {
     expect((await chat(h.url, 'r-a2')).status).toBe(200);
     expect((await fakeCalls(h.fake)).map((c) => c.capture_key)).toEqual(['r-a2']);
   });
-
-  it('the openai client does not retry a stale_attempt refusal', async () => {
-    const h = await startHarness();
-    await control(h.url, 'retire', {
-      checkpoint_id: 'c0',
-      deadline_ts: deadline(),
-      episode_ids: episodes('r'),
-    });
-    const openai = new OpenAI({ baseURL: `${h.url}/ng-rollout/r/v1`, apiKey: 'x', maxRetries: 3 });
-    await expect(openai.chat.completions.create(CHAT_BODY as never)).rejects.toMatchObject({
-      status: 409,
-    });
-    expect(await fakeCalls(h.fake)).toEqual([]);
-  });
 });
 
 describe('request bodies', () => {

@@ -1,6 +1,8 @@
 /** Test harness: a fake backend, a policy model server in front of it, control calls over HTTP. */
+import { once } from 'node:events';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { request as httpRequest, type IncomingMessage } from 'node:http';
+import { createServer, request as httpRequest, type IncomingMessage } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -25,6 +27,8 @@ export interface StackOptions {
   captureDir?: string;
   backendUrl?: string;
   extra?: string;
+  /** The server's logger (default: a silent one). */
+  logger?: Logger;
 }
 
 export function stackYaml(backendUrl: string, dir: string, opts: StackOptions = {}): string {
@@ -76,7 +80,7 @@ export async function startHarness(
   const captureDir = opts.captureDir ?? (await tempDir());
   const stack = parseStackFile(stackYaml(opts.backendUrl ?? `${fake.url}/v1`, captureDir, opts));
   const server = await createPolicyModelServer(serverSettings(stack, 'policy'), stack, {
-    logger: silentLogger(),
+    logger: opts.logger ?? silentLogger(),
   });
   const listening = await listen(server.app, 0);
   const close = async () => {
@@ -97,6 +101,49 @@ export function silentLogger(): Logger {
     child: () => logger,
   };
   return logger;
+}
+
+export interface LogLine {
+  level: 'error' | 'warn' | 'info' | 'debug';
+  message: string;
+  meta: Record<string, unknown> | undefined;
+}
+
+/** A logger that keeps every line it is given, for the tests that check what a server logged. */
+export function recordingLogger(): { logger: Logger; lines: LogLine[] } {
+  const lines: LogLine[] = [];
+  const at =
+    (level: LogLine['level']) =>
+    (message: string, meta?: Record<string, unknown>): void =>
+      void lines.push({ level, message, meta });
+  const logger: Logger = {
+    error: at('error'),
+    warn: at('warn'),
+    info: at('info'),
+    debug: at('debug'),
+    child: () => logger,
+  };
+  return { logger, lines };
+}
+
+/** Counts the requests the policy server receives for `path`, so a test sees what a client resent. */
+export function countRequests(h: Harness, path: string): () => number {
+  let count = 0;
+  // Before the app's own listener: express rewrites `req.url` as it routes.
+  h.listening.server.prependListener('request', (req: IncomingMessage) => {
+    if (new URL(req.url ?? '/', h.url).pathname === path) count += 1;
+  });
+  return () => count;
+}
+
+/** A loopback port nothing listens on (bound, then closed, at run time). */
+export async function closedPort(): Promise<number> {
+  const server = createServer();
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  await new Promise((done) => server.close(done));
+  return port;
 }
 
 export interface Reply {
