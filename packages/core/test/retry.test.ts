@@ -65,6 +65,8 @@ describe('the retry rule', () => {
       invalid_config: 'never',
       internal_error: 'backoff',
       upstream_error: 'backoff',
+      malformed_request: 'never',
+      headers_too_large: 'never',
     });
   });
 

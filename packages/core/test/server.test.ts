@@ -67,6 +67,8 @@ describe('listen', () => {
           },
         },
       });
+      // The parser's answers skip sendError; they carry the catalogue's retry rule all the same.
+      expect(await rawExchange(running.port, huge)).toMatch(/\r\nx-should-retry: false\r\n/);
       for (const request of [
         'GE T / HTTP/1.1\r\nhost: x\r\n\r\n',
         'GET / HTTP/9\r\n\r\n',
