@@ -8,9 +8,11 @@
  * (the resolved copy every process starts from) and `logs/<name>.log`.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import {
   closeSync,
   existsSync,
+  fstatSync,
   mkdirSync,
   openSync,
   readFileSync,
@@ -19,9 +21,17 @@ import {
 } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
+import { setTimeout as delay } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 
-import { ConfigError, type ServerKind, serverUrl, type StackSettings } from '@ckpt-gym/core';
+import {
+  ConfigError,
+  type HealthReply,
+  LAUNCH_ID_ENV,
+  type ServerKind,
+  serverUrl,
+  type StackSettings,
+} from '@ckpt-gym/core';
 
 import { isRunnable } from './serve.js';
 import { loadStack, resolvedStackText } from './stack-file.js';
@@ -103,9 +113,24 @@ export interface RunFileServer {
   log_path: string;
 }
 
+/** A server that did not come up, as `up --json` reports it. */
+export interface LaunchFailure {
+  readonly server: string;
+  readonly host: string;
+  readonly port: number;
+  /** The listen error its log gives (EADDRINUSE, …), else how it exited, else the timeout. */
+  readonly reason: string;
+  /** Who answered the port's health route instead, when another process did. */
+  readonly answered_by?: string;
+}
+
 /** Raised when a server does not come up; the message holds the end of its log. */
 export class LaunchError extends Error {
-  constructor(message: string) {
+  constructor(
+    message: string,
+    /** The servers that did not come up, each with its port (none for a failure before any). */
+    readonly failures: readonly LaunchFailure[] = [],
+  ) {
     super(message);
     this.name = 'LaunchError';
   }
@@ -173,9 +198,60 @@ export function launchOrder(stack: StackSettings, only?: readonly string[]): str
   );
 }
 
-/** The route that answers once the server accepts calls (the fake backend has no /health). */
+export const HEALTH_ROUTE = '/health';
+
+/**
+ * The route a readiness probe that only looks at the status asks (compose's healthchecks). The
+ * launcher asks HEALTH_ROUTE of every server instead, the fake backend's included, for the proof
+ * that the process answering is its own child.
+ */
 export function healthUrl(kind: ServerKind, url: string): string {
-  return kind === 'inference' ? `${url}/v1/models` : `${url}/health`;
+  return kind === 'inference' ? `${url}/v1/models` : `${url}${HEALTH_ROUTE}`;
+}
+
+/**
+ * A launched child, as its health reply must name it. A 200 alone proves nothing: the route is
+ * answered by whatever listens on the port, and with another stack on the same ports every new
+ * server died with EADDRINUSE while the old ones answered, so `up` said `stack up`. Each child gets
+ * a nonce of its own launch (LAUNCH_ID_ENV), which no older process can echo (a pid can be reused),
+ * and its pid, which is what the run file records and `down` signals. The reply must carry both.
+ */
+export interface LaunchedChild {
+  readonly pid: number;
+  readonly launchId: string;
+}
+
+/** Whether a `/health` reply body comes from `child` itself. */
+export function provesLaunchedChild(body: unknown, child: LaunchedChild): boolean {
+  const reply = body as Partial<HealthReply> | null;
+  return (
+    typeof reply === 'object' &&
+    reply !== null &&
+    reply.status === 'ok' &&
+    reply.pid === child.pid &&
+    reply.launch_id === child.launchId
+  );
+}
+
+/** A health route's answer: its status and its body (undefined when not JSON). */
+export interface HealthAnswer {
+  readonly status: number;
+  readonly body: unknown;
+}
+
+/** Who a health answer that is not the child's comes from, for the error naming the port's holder. */
+export function answererOf(answer: HealthAnswer): string {
+  const reply = answer.body as Partial<HealthReply> | null | undefined;
+  if (typeof reply !== 'object' || reply === null || typeof reply.pid !== 'number') {
+    return `a server that answers HTTP ${answer.status} without a pid`;
+  }
+  const who = typeof reply.name === 'string' ? `, ${String(reply.kind)} '${reply.name}'` : '';
+  return `another process (pid ${reply.pid}${who})`;
+}
+
+/** The system error a server's log gives for a failed listen (EADDRINUSE, EACCES, …), if any. */
+export function listenErrorCode(log: string): string | undefined {
+  return /\blisten (E[A-Z]+)\b/.exec(log)?.[1];
 }
 
 function isAlive(pgid: number): boolean {
@@ -228,12 +304,112 @@ async function waitGone(pgids: readonly number[], timeoutMs: number): Promise<bo
   }
 }
 
-function logTail(path: string, lines = 20): string {
+/** What the log holds from byte `from` on: a log is appended to across restarts. */
+function logSince(path: string, from: number): string {
   try {
-    return readFileSync(path, 'utf8').trimEnd().split('\n').slice(-lines).join('\n');
+    return readFileSync(path).subarray(from).toString('utf8');
   } catch {
-    return '(no log)';
+    return '';
   }
+}
+
+function lastLines(log: string, lines = 20): string {
+  return log.trimEnd().split('\n').slice(-lines).join('\n') || '(no log)';
+}
+
+/** How waiting for a child's health ended. */
+export type HealthOutcome =
+  | { readonly kind: 'healthy' }
+  | { readonly kind: 'exited'; readonly exit: string; readonly answeredBy?: string }
+  | { readonly kind: 'timeout'; readonly afterMs: number; readonly answeredBy?: string };
+
+async function healthAnswer(url: string, signal: AbortSignal): Promise<HealthAnswer | undefined> {
+  try {
+    const reply = await fetch(url, {
+      signal: AbortSignal.any([signal, AbortSignal.timeout(1000)]),
+    });
+    const body: unknown = await reply.json().catch(() => undefined);
+    return { status: reply.status, body };
+  } catch {
+    return undefined; // Not listening yet, or the child exited.
+  }
+}
+
+/**
+ * Polls `url` until `child` itself answers it (call it right after the spawn, before the child can
+ * exit). The child's exit ends the wait at once (it aborts the request in flight), not at the
+ * timeout; a reply from another process is kept to name it.
+ */
+export async function awaitOwnHealth(
+  proc: ChildProcess,
+  child: LaunchedChild,
+  url: string,
+  timeoutMs = HEALTH_TIMEOUT_MS,
+): Promise<HealthOutcome> {
+  const exited = new AbortController();
+  let exit: string | undefined;
+  proc.once('exit', (code, signal) => {
+    exit = signal ?? `exit code ${code}`;
+    exited.abort();
+  });
+  const until = Date.now() + timeoutMs;
+  let answeredBy: string | undefined;
+  while (exit === undefined && Date.now() < until) {
+    const answer = await healthAnswer(url, exited.signal);
+    if (answer !== undefined && exit === undefined) {
+      if (provesLaunchedChild(answer.body, child)) return { kind: 'healthy' };
+      answeredBy = answererOf(answer);
+    }
+    await delay(50, undefined, { signal: exited.signal }).catch(() => undefined);
+  }
+  const holder = answeredBy === undefined ? {} : { answeredBy };
+  return exit === undefined
+    ? { kind: 'timeout', afterMs: timeoutMs, ...holder }
+    : { kind: 'exited', exit, ...holder };
+}
+
+/** The error of a server that did not come up: which server, which port, why, and its log. */
+export function launchFailure(
+  server: { name: string; host: string; port: number; healthUrl: string },
+  outcome: Exclude<HealthOutcome, { kind: 'healthy' }>,
+  log: string,
+): LaunchError {
+  const { name, host, port } = server;
+  const address = `${host}:${port}`;
+  const code = outcome.kind === 'exited' ? listenErrorCode(log) : undefined;
+  const reason =
+    code ??
+    (outcome.kind === 'exited'
+      ? `exited (${outcome.exit})`
+      : `not healthy within ${outcome.afterMs} ms`);
+  const what =
+    outcome.kind === 'timeout'
+      ? `${name} not healthy at ${server.healthUrl} within ${outcome.afterMs} ms`
+      : code === undefined
+        ? `${name} exited (${outcome.exit}) before it was healthy on ${address}`
+        : `${name} could not bind ${address} (${code}) and exited (${outcome.exit})`;
+  const holder =
+    outcome.answeredBy === undefined
+      ? ''
+      : `; port ${port} is answered by ${outcome.answeredBy}, not by this launch`;
+  return new LaunchError(`${what}${holder}:\n${lastLines(log)}`, [
+    {
+      server: name,
+      host,
+      port,
+      reason,
+      ...(outcome.answeredBy === undefined ? {} : { answered_by: outcome.answeredBy }),
+    },
+  ]);
+}
+
+/** The failures of servers started side by side as one error, so each of them is named. */
+function firstOrAll(errors: readonly unknown[]): unknown {
+  if (errors.length === 1 || !errors.every((err) => err instanceof LaunchError)) return errors[0];
+  return new LaunchError(
+    errors.map((err) => err.message).join('\n'),
+    errors.flatMap((err) => err.failures),
+  );
 }
 
 class RunningStack implements StackHandle {
@@ -254,12 +430,19 @@ class RunningStack implements StackHandle {
     const logPath = join(this.runDir, 'logs', `${name}.log`);
     mkdirSync(join(this.runDir, 'logs'), { recursive: true });
     const log = openSync(logPath, 'a');
+    const logStart = fstatSync(log).size;
+    const launchId = randomUUID();
     let child: ChildProcess;
     try {
       child = spawn(
         process.execPath,
         [...SERVER_NODE_FLAGS, CLI_MAIN, 'serve', '--config', this.configPath, '--server', name],
-        { detached: true, stdio: ['ignore', log, log], env: this.env, cwd: this.runDir },
+        {
+          detached: true,
+          stdio: ['ignore', log, log],
+          env: { ...this.env, [LAUNCH_ID_ENV]: launchId },
+          cwd: this.runDir,
+        },
       );
     } finally {
       closeSync(log);
@@ -267,33 +450,13 @@ class RunningStack implements StackHandle {
     const pid = child.pid;
     if (pid === undefined) throw new LaunchError(`${name}: could not spawn ${process.execPath}`);
     child.unref();
-    let exited: string | undefined;
-    child.once('exit', (code, signal) => {
-      exited = signal ?? `exit code ${code}`;
-    });
     const url = serverUrl(this.stack, name);
-    const health = healthUrl(settings.kind, url);
-    const until = Date.now() + HEALTH_TIMEOUT_MS;
-    for (;;) {
-      if (exited !== undefined) {
-        throw new LaunchError(
-          `${name} exited (${exited}) before it was healthy:\n${logTail(logPath)}`,
-        );
-      }
-      try {
-        const reply = await fetch(health, { signal: AbortSignal.timeout(1000) });
-        await reply.body?.cancel();
-        if (reply.ok) break;
-      } catch {
-        // Not listening yet.
-      }
-      if (Date.now() >= until) {
-        signalGroup(pid, 'SIGKILL');
-        throw new LaunchError(
-          `${name} not healthy at ${health} within ${HEALTH_TIMEOUT_MS} ms:\n${logTail(logPath)}`,
-        );
-      }
-      await sleep(50);
+    const health = `${url}${HEALTH_ROUTE}`;
+    const outcome = await awaitOwnHealth(child, { pid, launchId }, health);
+    if (outcome.kind !== 'healthy') {
+      if (outcome.kind === 'timeout') signalGroup(pid, 'SIGKILL');
+      const server = { name, host: settings.host, port: settings.port, healthUrl: health };
+      throw launchFailure(server, outcome, logSince(logPath, logStart));
     }
     const launched: LaunchedServer = {
       name,
@@ -342,8 +505,10 @@ class RunningStack implements StackHandle {
     for (const kind of LAUNCH_ORDER) {
       const level = names.filter((name) => this.stack.servers.get(name)?.kind === kind);
       const started = await Promise.allSettled(level.map((name) => this.startServer(name)));
-      const failed = started.find((outcome) => outcome.status === 'rejected');
-      if (failed) throw failed.reason;
+      const failed = started.flatMap((outcome) =>
+        outcome.status === 'rejected' ? [outcome.reason as unknown] : [],
+      );
+      if (failed.length > 0) throw firstOrAll(failed);
     }
   }
 

@@ -74,6 +74,7 @@ export async function serveServer(
       const { SCRIPTS, startFakeInference } = await import('@ckpt-gym/fake-inference');
       const model = settings.config.model;
       const fake = await startFakeInference({
+        name,
         port,
         host,
         script: fakeScript(settings, SCRIPTS),

@@ -52,13 +52,39 @@ export interface GymApp<R extends CheckpointRecord> {
   finish(): Express;
 }
 
+/**
+ * The environment variable through which a launcher hands each server process a nonce of its own
+ * launch; `/health` echoes it, so the launcher can tell its child from another process that
+ * answers on the same port (an older stack, say).
+ */
+export const LAUNCH_ID_ENV = 'CKPT_GYM_LAUNCH_ID';
+
+/** What `GET /health` answers: who this is, and which process (its pid and launch nonce). */
+export interface HealthReply {
+  readonly status: 'ok';
+  readonly name: string;
+  readonly kind: ServerKind;
+  readonly pid: number;
+  /** The launcher's nonce from LAUNCH_ID_ENV; null when the process was started without one. */
+  readonly launch_id: string | null;
+}
+
+export function healthReply(
+  name: string,
+  kind: ServerKind,
+  proc: { pid: number; env: NodeJS.ProcessEnv } = process,
+): HealthReply {
+  return { status: 'ok', name, kind, pid: proc.pid, launch_id: proc.env[LAUNCH_ID_ENV] ?? null };
+}
+
 export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<R>): GymApp<R> {
   const logger = options.logger ?? createLogger({ server: options.name, kind: options.kind });
   const app = express();
   app.disable('x-powered-by');
   app.set('etag', false);
+  const health = healthReply(options.name, options.kind);
   app.get('/health', (_req, res) => {
-    res.json({ status: 'ok', name: options.name, kind: options.kind });
+    res.json(health);
   });
 
   let plane: ControlPlane<R> | undefined;

@@ -5,12 +5,64 @@ import { connect } from 'node:net';
 import express from 'express';
 
 import {
+  createGymApp,
+  healthReply,
   jsonBody,
   KEEP_ALIVE_IDLE_MS,
+  LAUNCH_ID_ENV,
   listen,
   SERVER_HEADERS_TIMEOUT_MS,
   SERVER_KEEP_ALIVE_MS,
 } from '../src/index.js';
+
+describe('GET /health', () => {
+  async function health(): Promise<{ status: number; body: unknown }> {
+    const gym = createGymApp({ name: 'policy', kind: 'model', checkpoint: undefined });
+    const running = await listen(gym.finish(), 0);
+    try {
+      const reply = await fetch(`${running.url}/health`);
+      return { status: reply.status, body: await reply.json() };
+    } finally {
+      await running.close();
+    }
+  }
+
+  afterEach(() => {
+    delete process.env[LAUNCH_ID_ENV];
+  });
+
+  test("names the server and its process: the pid and the launcher's nonce", async () => {
+    process.env[LAUNCH_ID_ENV] = 'launch-1234';
+    expect(await health()).toEqual({
+      status: 200,
+      body: {
+        status: 'ok',
+        name: 'policy',
+        kind: 'model',
+        pid: process.pid,
+        launch_id: 'launch-1234',
+      },
+    });
+  });
+
+  test('a process started without a launcher has a null launch id', async () => {
+    expect(await health()).toEqual({
+      status: 200,
+      body: { status: 'ok', name: 'policy', kind: 'model', pid: process.pid, launch_id: null },
+    });
+  });
+
+  test('the reply reads the pid and the nonce of the process it is given', () => {
+    const proc = { pid: 42, env: { [LAUNCH_ID_ENV]: 'n-1' } };
+    expect(healthReply('tools', 'resources', proc)).toEqual({
+      status: 'ok',
+      name: 'tools',
+      kind: 'resources',
+      pid: 42,
+      launch_id: 'n-1',
+    });
+  });
+});
 
 describe('listen', () => {
   test('servers keep idle connections longer than clients do, so the client always closes first', async () => {

@@ -11,6 +11,7 @@ import {
   ConfigError,
   type CommitCoords,
   GENERATION_CUT_ROUTE,
+  healthReply,
   verifyAndLinearize,
   type ErrorLogger,
   InvalidRequestError,
@@ -64,8 +65,12 @@ import {
 } from './script.js';
 
 export const DEFAULT_MODEL = 'fake-model';
+/** The name `/health` gives when none is set (a backend run by itself, outside a stack file). */
+export const DEFAULT_SERVER_NAME = 'fake-inference';
 
 export interface FakeInferenceOptions {
+  /** The server's name in the stack file, as `/health` reports it. */
+  readonly name?: string;
   /** The model `/v1/models` lists and replies name when the request names none. */
   readonly model?: string;
   /** The default script; `weather` unless set. */
@@ -329,6 +334,11 @@ export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
 
   const app = express();
   app.disable('x-powered-by');
+  // The gym servers' health reply: a launcher checks its pid and launch id, not just the status.
+  const health = healthReply(options.name ?? DEFAULT_SERVER_NAME, 'inference');
+  app.get('/health', (_req, res) => {
+    res.json(health);
+  });
   app.use(rolloutPrefixMiddleware());
   app.use(jsonBody('50mb'));
   app.get('/v1/models', (_req, res) => {

@@ -1,7 +1,9 @@
 import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 
-import { type RunningFakeInference, startFakeInference } from '../src/app.js';
+import { LAUNCH_ID_ENV } from '@ckpt-gym/core';
+
+import { DEFAULT_SERVER_NAME, type RunningFakeInference, startFakeInference } from '../src/app.js';
 import type { CallView } from '../src/calls.js';
 import { SCRIPTS } from '../src/script.js';
 
@@ -381,6 +383,30 @@ describe('holds and the gate', () => {
 });
 
 describe('models, errors and routes', () => {
+  test("GET /health names the backend and its process, as the gym servers' /health does", async () => {
+    expect(await getJson('/health')).toEqual({
+      status: 'ok',
+      name: DEFAULT_SERVER_NAME,
+      kind: 'inference',
+      pid: process.pid,
+      launch_id: null,
+    });
+    process.env[LAUNCH_ID_ENV] = 'launch-7';
+    const named = await startFakeInference({ name: 'inference' });
+    try {
+      expect(await (await fetch(`${named.url}/health`)).json()).toEqual({
+        status: 'ok',
+        name: 'inference',
+        kind: 'inference',
+        pid: process.pid,
+        launch_id: 'launch-7',
+      });
+    } finally {
+      delete process.env[LAUNCH_ID_ENV];
+      await named.close();
+    }
+  });
+
   test('GET /v1/models lists the model, with or without a rollout prefix', async () => {
     const expected = {
       object: 'list',

@@ -8,6 +8,7 @@ import { ExitCode } from '../exit-codes.js';
 import {
   aliveServers,
   attachStack,
+  LaunchError,
   launchStack,
   type LaunchedServer,
   RUN_FILE,
@@ -128,7 +129,7 @@ async function startStack(
       );
     }
     await handle.restart().catch((err: unknown) => {
-      throw new CliFailure(describe(err));
+      throw upFailure(err);
     });
     return { handle, restarted: true };
   }
@@ -141,8 +142,22 @@ async function startStack(
     });
     return { handle, restarted: false };
   } catch (err) {
-    throw new CliFailure(describe(err));
+    throw upFailure(err);
   }
+}
+
+/**
+ * `up`'s failure: each server that did not come up is named with its address and reason (the
+ * failure table, and `failed` in the JSON), e.g. a port another stack holds.
+ */
+function upFailure(err: unknown): CliFailure {
+  if (!(err instanceof LaunchError) || err.failures.length === 0) {
+    return new CliFailure(describe(err));
+  }
+  const failures = Object.fromEntries(
+    err.failures.map((f) => [f.server, `${f.host}:${f.port}: ${f.reason}`]),
+  );
+  return new CliFailure(err.message, failures, ExitCode.FAILURE, { failed: err.failures });
 }
 
 export async function downCommand(ctx: CommandContext): Promise<CommandResult> {
