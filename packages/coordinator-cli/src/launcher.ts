@@ -200,13 +200,9 @@ export function launchOrder(stack: StackSettings, only?: readonly string[]): str
 
 export const HEALTH_ROUTE = '/health';
 
-/**
- * The route a readiness probe that only looks at the status asks (compose's healthchecks). The
- * launcher asks HEALTH_ROUTE of every server instead, the fake backend's included, for the proof
- * that the process answering is its own child.
- */
-export function healthUrl(kind: ServerKind, url: string): string {
-  return kind === 'inference' ? `${url}/v1/models` : `${url}${HEALTH_ROUTE}`;
+/** A server's health route: every gym server and the fake backend answer it (compose probes it). */
+export function healthUrl(url: string): string {
+  return `${url}${HEALTH_ROUTE}`;
 }
 
 /**
@@ -451,7 +447,7 @@ class RunningStack implements StackHandle {
     if (pid === undefined) throw new LaunchError(`${name}: could not spawn ${process.execPath}`);
     child.unref();
     const url = serverUrl(this.stack, name);
-    const health = `${url}${HEALTH_ROUTE}`;
+    const health = healthUrl(url);
     const outcome = await awaitOwnHealth(child, { pid, launchId }, health);
     if (outcome.kind !== 'healthy') {
       if (outcome.kind === 'timeout') signalGroup(pid, 'SIGKILL');

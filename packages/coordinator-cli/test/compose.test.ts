@@ -44,7 +44,7 @@ test("every service has a healthcheck on its server's health route, at its own h
   for (const [name, service] of services) {
     const server = stack.servers.get(name)!;
     expect(server.host).toBe(name);
-    const url = healthUrl(server.kind, `http://${name}:${server.port}`);
+    const url = healthUrl(`http://${name}:${server.port}`);
     expect([name, service.healthcheck?.test.join(' ')]).toEqual([
       name,
       expect.stringContaining(`'${url}'`),
