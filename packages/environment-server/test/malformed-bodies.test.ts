@@ -49,7 +49,7 @@ describe.each([
           fc.asyncProperty(malformedRequest(valid), async (raw) => {
             expectClientOutcome(raw, await send(`${h.url}${path}`, raw));
           }),
-          fuzzParameters(250),
+          fuzzParameters(150),
         );
       } finally {
         await h.close();

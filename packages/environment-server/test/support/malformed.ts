@@ -77,6 +77,7 @@ export const WRONG_VALUE_TEXT: fc.Arbitrary<string> = fc.oneof(
     '{"":null}',
     '{"__proto__":{"polluted":1}}',
     '{"constructor":{"prototype":{"polluted":1}}}',
+    '{"toString":1,"valueOf":1}',
   ),
   fc.jsonValue({ maxDepth: 3 }).map((v) => JSON.stringify(v)),
   fc.string({ unit: 'binary' }).map((s) => JSON.stringify(s)),
@@ -90,7 +91,16 @@ export const WRONG_VALUE_TEXT: fc.Arbitrary<string> = fc.oneof(
 
 /** Keys a client should not send: unknown, empty, prototype names, very long. */
 const EXTRA_KEY = fc.oneof(
-  fc.constantFrom('', 'extra', '__proto__', 'constructor', 'prototype', 'k'.repeat(10_000)),
+  fc.constantFrom(
+    '',
+    'extra',
+    '__proto__',
+    'constructor',
+    'prototype',
+    'toString',
+    'valueOf',
+    'k'.repeat(10_000),
+  ),
   fc.string({ unit: 'binary', minLength: 1, maxLength: 12 }),
 );
 
@@ -295,11 +305,32 @@ function brokenWhole(validText: string): fc.Arbitrary<RawRequest> {
   return fc.oneof(otherTop, empty, contentType, badUtf8, notJson(validText));
 }
 
-/** One malformed request built from `valid`, a body the route accepts. */
-export function malformedRequest(valid: Json): fc.Arbitrary<RawRequest> {
+/** Small values of other types, for a first change before `brokenField` breaks another field. */
+const OTHER_VALUE: fc.Arbitrary<Json> = fc.oneof(
+  fc.constantFrom<Json>(null, true, 0, -1, 1.5, '', '\ud800', [], {}, [null], { a: 1 }),
+  fc.jsonValue({ maxDepth: 2 }) as fc.Arbitrary<Json>,
+);
+
+/** `valid` with one field, anywhere in it, dropped or given another value. */
+function changedOnce(valid: Json): fc.Arbitrary<Json> {
+  const inner = pathsOf(valid).filter((p) => p.length > 0);
+  if (inner.length === 0) return fc.constant(valid);
+  return fc.tuple(fc.constantFrom(...inner), fc.option(OTHER_VALUE)).map(([path, value]) =>
+    editAt(valid, path, (parent, key) => {
+      if (value !== null) parent[key] = value;
+      else if (Array.isArray(parent)) parent.splice(Number(key), 1);
+      else delete parent[key];
+    }),
+  );
+}
+
+/** One malformed request built from `body`, a JSON object the route accepts. */
+export function malformedRequest(body: object): fc.Arbitrary<RawRequest> {
+  const valid = body as Json;
   const text = JSON.stringify(valid);
   return fc.oneof(
     { arbitrary: brokenField(valid), weight: 4 },
+    { arbitrary: changedOnce(valid).chain(brokenField), weight: 2 },
     { arbitrary: brokenWhole(text), weight: 1 },
   );
 }
@@ -372,12 +403,16 @@ export function expectClientOutcome(raw: RawRequest | null, reply: RawReply): vo
   }
 }
 
-/** fast-check parameters: `numRuns`, or a replay of `ROUTE_FUZZ_SEED` (and `ROUTE_FUZZ_PATH`). */
+/**
+ * fast-check parameters: `numRuns` (times `ROUTE_FUZZ_SCALE`, to fuzz harder by hand), or a replay
+ * of `ROUTE_FUZZ_SEED` (and `ROUTE_FUZZ_PATH`) as a failure reports them.
+ */
 export function fuzzParameters<T>(numRuns: number): fc.Parameters<T> {
   const seed = process.env.ROUTE_FUZZ_SEED;
   const path = process.env.ROUTE_FUZZ_PATH;
+  const scale = Number(process.env.ROUTE_FUZZ_SCALE ?? 1);
   return {
-    numRuns,
+    numRuns: Math.max(1, Math.round(numRuns * scale)),
     ...(seed ? { seed: Number(seed) } : {}),
     ...(path ? { path } : {}),
   };
