@@ -54,6 +54,7 @@ import {
   AgentSessionTable,
   type CloseReceipt,
   DEFAULT_CLOSE_RETRY_WINDOW_SECONDS,
+  parseAgentSessionId,
   parseCookieHeader,
   parseSeedRequest,
   seedFingerprint,
@@ -465,10 +466,7 @@ export function createAgentServer<S>(
     '/v1/agent_sessions/close',
     route(async (req, res, signal) => {
       const body = bodyObject(req.body);
-      const id = body.agent_session_id;
-      if (typeof id !== 'string' || id.length === 0) {
-        throw new InvalidRequestError('agent_session_id: must be a non-empty string');
-      }
+      const id = parseAgentSessionId(body.agent_session_id);
       const episode =
         body.episode_id === undefined ? undefined : episodeIdFromJson(body.episode_id);
       const cookieId = sessionIdFromCookie(req.headers.cookie, signer);
