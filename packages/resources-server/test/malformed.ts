@@ -199,7 +199,8 @@ export function jsonRequest(value: unknown, what = 'a valid body'): RawRequest {
 }
 
 /** `valid` broken at one field, anywhere in it. */
-function brokenField(valid: Json): fc.Arbitrary<RawRequest> {
+function brokenField(valid: Json, before = ''): fc.Arbitrary<RawRequest> {
+  const named = (what: string, text: string) => jsonText(`${before}${what}`, text);
   const all = pathsOf(valid);
   const inner = all.filter((p) => p.length > 0);
   const containers = all.filter((p) => {
@@ -213,10 +214,10 @@ function brokenField(valid: Json): fc.Arbitrary<RawRequest> {
       at
         .chain((path) => wrongValueAt(path).map((text) => [path, text] as const))
         .map(([path, text]) =>
-          jsonText(`${path.join('.')} := ${text.slice(0, 80)}`, withTextAt(valid, path, text)),
+          named(`${path.join('.')} := ${text.slice(0, 80)}`, withTextAt(valid, path, text)),
         ),
       at.map((path) =>
-        jsonText(
+        named(
           `${path.join('.')} dropped`,
           JSON.stringify(
             editAt(valid, path, (parent, key) => {
@@ -227,7 +228,7 @@ function brokenField(valid: Json): fc.Arbitrary<RawRequest> {
         ),
       ),
       at.map((path) =>
-        jsonText(
+        named(
           `${path.join('.')} wrapped in a list`,
           withTextAt(valid, path, `[${JSON.stringify(getAt(valid, path))}]`),
         ),
@@ -243,7 +244,7 @@ function brokenField(valid: Json): fc.Arbitrary<RawRequest> {
           const key = JSON.stringify(String(path[path.length - 1]));
           const twice = wrongFirst ? `${text},${key}:${original}` : `${original},${key}:${text}`;
           const parent = getAt(valid, path.slice(0, -1));
-          return jsonText(
+          return named(
             `${path.join('.')} duplicated (${wrongFirst ? 'wrong first' : 'wrong last'})`,
             withTextAt(valid, path, Array.isArray(parent) ? text : twice),
           );
@@ -254,7 +255,7 @@ function brokenField(valid: Json): fc.Arbitrary<RawRequest> {
     fc
       .tuple(fc.constantFrom(...containers), EXTRA_KEY, WRONG_VALUE_TEXT)
       .map(([path, key, text]) =>
-        jsonText(
+        named(
           `${path.join('.') || '(body)'} + ${JSON.stringify(key.slice(0, 20))}: ${text.slice(0, 40)}`,
           addedField(valid, path, key, text),
         ),
@@ -345,17 +346,18 @@ const OTHER_VALUE: fc.Arbitrary<Json> = fc.oneof(
   fc.jsonValue({ maxDepth: 2 }) as fc.Arbitrary<Json>,
 );
 
-/** `valid` with one field, anywhere in it, dropped or given another value. */
-function changedOnce(valid: Json): fc.Arbitrary<Json> {
+/** `valid` with one field, anywhere in it, dropped or given another value, and what changed. */
+function changedOnce(valid: Json): fc.Arbitrary<[Json, string]> {
   const inner = pathsOf(valid).filter((p) => p.length > 0);
-  if (inner.length === 0) return fc.constant(valid);
-  return fc.tuple(fc.constantFrom(...inner), fc.option(OTHER_VALUE)).map(([path, value]) =>
+  if (inner.length === 0) return fc.constant([valid, '']);
+  return fc.tuple(fc.constantFrom(...inner), fc.option(OTHER_VALUE)).map(([path, value]) => [
     editAt(valid, path, (parent, key) => {
       if (value !== null) parent[key] = value;
       else if (Array.isArray(parent)) parent.splice(Number(key), 1);
       else delete parent[key];
     }),
-  );
+    `${path.join('.')} ${value === null ? 'dropped' : `:= ${JSON.stringify(value).slice(0, 40)}`}, then `,
+  ]);
 }
 
 /** One malformed request built from `body`, a JSON object the route accepts. */
@@ -364,7 +366,7 @@ export function malformedRequest(body: object): fc.Arbitrary<RawRequest> {
   const text = JSON.stringify(valid);
   return fc.oneof(
     { arbitrary: brokenField(valid), weight: 4 },
-    { arbitrary: changedOnce(valid).chain(brokenField), weight: 2 },
+    { arbitrary: changedOnce(valid).chain(([value, what]) => brokenField(value, what)), weight: 2 },
     { arbitrary: brokenWhole(text), weight: 1 },
   );
 }
