@@ -140,6 +140,11 @@ describe.each([
     await fuzz('/run', RUN);
   });
 
+  test('/run answers malformed rows with client errors, the rollout named by its indices', async () => {
+    const { _ng_rollout_id: _named, ...row } = RUN;
+    await fuzz('/run', { ...row, _ng_task_index: 4, _ng_rollout_index: 2, _ng_attempt_index: 0 });
+  });
+
   test('/run answers malformed rows with client errors, the rollout named by the prefix', async () => {
     await fuzz('/ng-rollout/r1/run', RUN);
   });
