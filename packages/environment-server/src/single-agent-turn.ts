@@ -182,10 +182,10 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     this.transports = options.toolTransports ?? ['direct_http'];
   }
 
-  /** Forwarded unchanged to the resources server (not episode work: no rollout prefix). */
   /**
-   * Forwards the body to the resources server: its refusal (a 4xx) is the client's, passed on as
-   * it is; an unreachable server or a reply that is not JSON is a 502 `upstream_error`.
+   * Forwarded unchanged to the resources server (not episode work: no rollout prefix). Its
+   * refusal (a 4xx) is the client's, passed on as it is; an unreachable server or a reply that is
+   * not JSON is a 502 `upstream_error`.
    */
   async aggregateMetrics(body: JsonObject, signal: AbortSignal): Promise<JsonValue> {
     const url = `${this.options.resourcesUrl.replace(/\/+$/, '')}/aggregate_metrics`;
