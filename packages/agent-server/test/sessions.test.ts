@@ -1,3 +1,5 @@
+import { MAX_AGENT_SESSION_ID_CHARS } from '../src/sessions.js';
+
 import {
   activate,
   closeSession,
@@ -140,7 +142,7 @@ describe('agent sessions', () => {
 
   test.each([
     ['a lone surrogate', '\ud800'],
-    ['too long for its cookie', 'x'.repeat(257)],
+    ['too long for its cookie', 'x'.repeat(MAX_AGENT_SESSION_ID_CHARS + 1)],
     ['empty', ''],
   ])('an agent_session_id that is %s is 422 before any session exists', async (_what, id) => {
     h = await startStack();

@@ -9,7 +9,6 @@ export {
   policyModelConfig,
   removalIds,
 } from './app.js';
-export { checkChatRequest } from './chat.js';
 export { GateMarks, PolicyGate, type Ticket, staleAttempt } from './gate.js';
 export {
   CaptureLedger,

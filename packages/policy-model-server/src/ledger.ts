@@ -21,9 +21,9 @@ import {
   encodeJson,
   forEachBounded,
   fsyncDirectory,
+  InvalidRolloutIdError,
   type JsonObject,
   parseCaptureKey,
-  InvalidRolloutIdError,
   RolloutRetiredError,
 } from '@ckpt-gym/core';
 import lockfile from 'proper-lockfile';

@@ -1,4 +1,5 @@
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
+import { MAX_RESOURCES_SESSION_ID_CHARS } from '../src/native.js';
 import { probeServer } from './probe.js';
 import { cleanUp, episodeJson, responseCalling, startServer } from './support.js';
 
@@ -54,7 +55,7 @@ describe('sessions without checkpointing', () => {
 
   test.each([
     ['a lone surrogate, which no cookie can name', '\ud800'],
-    ['too long for its cookie', 's'.repeat(257)],
+    ['too long for its cookie', 's'.repeat(MAX_RESOURCES_SESSION_ID_CHARS + 1)],
   ])('a resources_session_id that is %s is 422 before any session exists', async (_what, id) => {
     const probe = probeServer();
     const server = await startServer(probe, { checkpoint: false });
