@@ -15,7 +15,6 @@ import {
   createGymApp,
   createHttpClients,
   createLogger,
-  episodeFromRunBody,
   type EpisodeId,
   episodeIdFromJson,
   type GymApp,
@@ -40,7 +39,7 @@ import {
   parseActivationHeader,
 } from './activation.js';
 import { type Agent, type AgentDefinition, type AgentReply, untrackedHandle } from './agent.js';
-import { untrackedEpisode } from './legacy-run.js';
+import { rowEpisode, untrackedEpisode } from './legacy-run.js';
 import {
   type ActivationHandle,
   AgentParticipant,
@@ -54,6 +53,7 @@ import {
   AgentSessionTable,
   type CloseReceipt,
   DEFAULT_CLOSE_RETRY_WINDOW_SECONDS,
+  parseAgentSessionId,
   parseCookieHeader,
   parseSeedRequest,
   seedFingerprint,
@@ -465,10 +465,7 @@ export function createAgentServer<S>(
     '/v1/agent_sessions/close',
     route(async (req, res, signal) => {
       const body = bodyObject(req.body);
-      const id = body.agent_session_id;
-      if (typeof id !== 'string' || id.length === 0) {
-        throw new InvalidRequestError('agent_session_id: must be a non-empty string');
-      }
+      const id = parseAgentSessionId(body.agent_session_id);
       const episode =
         body.episode_id === undefined ? undefined : episodeIdFromJson(body.episode_id);
       const cookieId = sessionIdFromCookie(req.headers.cookie, signer);
@@ -547,7 +544,7 @@ export function createAgentServer<S>(
       const run = agent.legacyRun?.bind(agent);
       if (!run) throw new NotFoundError('this agent has no legacy /run');
       const body = bodyObject(req.body);
-      const episode = requestEpisode(req) ?? episodeFromRunBody(body);
+      const episode = requestEpisode(req) ?? rowEpisode(body);
       const cookies = parseCookieHeader(req.headers.cookie);
       const selfUrl = `${req.protocol}://${req.headers.host ?? ''}`;
       if (!agentParticipant) {

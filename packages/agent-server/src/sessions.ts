@@ -68,6 +68,32 @@ export interface AgentSessionEntry<S = unknown> {
 
 const SEED_KEYS = ['agent_session_id', 'episode_id', 'task_id', 'tool_accesses', 'sandbox_access'];
 
+/**
+ * The longest `agent_session_id`: its signed cookie must fit in a reply header a client can read
+ * (node refuses headers over 16 kB in all; browsers a cookie over 4 kB).
+ */
+export const MAX_AGENT_SESSION_ID_CHARS = 256;
+/** With the `u` flag a lone surrogate is a code point of its own (category Cs); a pair is not. */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/**
+ * Reads an `agent_session_id`: a non-empty string of well-formed Unicode (a lone surrogate has no
+ * UTF-8 form, so no cookie could carry it) of at most MAX_AGENT_SESSION_ID_CHARS; 422 otherwise.
+ */
+export function parseAgentSessionId(value: unknown): string {
+  if (
+    typeof value !== 'string' ||
+    value.length === 0 ||
+    value.length > MAX_AGENT_SESSION_ID_CHARS ||
+    LONE_SURROGATE.test(value)
+  ) {
+    throw new InvalidRequestError(
+      `agent_session_id: must be a non-empty string of at most ${MAX_AGENT_SESSION_ID_CHARS} characters, without lone surrogates`,
+    );
+  }
+  return value;
+}
+
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
@@ -77,10 +103,7 @@ export function parseSeedRequest(body: unknown): AgentSeedRequest {
   if (!isObject(body)) throw new InvalidRequestError('body: must be a JSON object');
   const extra = Object.keys(body).filter((k) => !SEED_KEYS.includes(k));
   if (extra.length > 0) throw new InvalidRequestError(`body: unknown keys ${extra.join(', ')}`);
-  const id = body.agent_session_id;
-  if (typeof id !== 'string' || id.length === 0) {
-    throw new InvalidRequestError('agent_session_id: must be a non-empty string');
-  }
+  const id = parseAgentSessionId(body.agent_session_id);
   const episode = episodeIdFromJson(body.episode_id);
   const accesses = body.tool_accesses ?? [];
   if (!Array.isArray(accesses) || !accesses.every(isObject)) {
@@ -109,17 +132,38 @@ export function parseSeedRequest(body: unknown): AgentSeedRequest {
   };
 }
 
-/** Reads a direct HTTP grant; anything malformed is 422 `invalid_request`. */
+/** An HTTP token: what a header or cookie name may be. */
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+/** What node lets into a header value; a cookie value may not hold `;` besides. */
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
+const COOKIE_VALUE = /^[\t\x20-\x3a\x3c-\x7e\x80-\xff]*$/;
+
+/** True for an object of `name: value` strings that are valid on the wire as such. */
+function sendable(value: unknown, valuePattern: RegExp): boolean {
+  return (
+    isObject(value) &&
+    Object.entries(value).every(
+      ([name, v]) => TOKEN.test(name) && typeof v === 'string' && valuePattern.test(v),
+    )
+  );
+}
+
+function isHttpUrl(value: unknown): value is string {
+  return typeof value === 'string' && /^https?:\/\//.test(value) && URL.canParse(value);
+}
+
+/**
+ * Reads a direct HTTP grant; anything malformed is 422 `invalid_request`, also cookies and headers
+ * that could not be sent as such (the tool call would fail on its way, a 502 of ours).
+ */
 export function parseDirectHttpAccess(access: JsonObject): DirectHttpToolAccess {
   const { name, base_url, cookies = {}, headers = {}, required = false } = access;
-  const strings = (v: unknown) =>
-    isObject(v) && Object.values(v).every((x) => typeof x === 'string');
-  if (typeof base_url !== 'string' || !/^https?:\/\//.test(base_url)) {
+  if (!isHttpUrl(base_url)) {
     throw new InvalidRequestError(`tool access ${String(name)}: base_url must be an http(s) URL`);
   }
-  if (!strings(cookies) || !strings(headers)) {
+  if (!sendable(cookies, COOKIE_VALUE) || !sendable(headers, HEADER_VALUE)) {
     throw new InvalidRequestError(
-      `tool access ${String(name)}: cookies and headers must map names to strings`,
+      `tool access ${String(name)}: cookies and headers must map HTTP token names to strings valid in a header`,
     );
   }
   return {

@@ -102,8 +102,8 @@ export function parseLoopState(value: JsonObject): LoopState {
 /** The request's input as a list of items (a string becomes one user message). */
 export function inputItems(input: unknown): JsonObject[] {
   if (typeof input === 'string') return [{ role: 'user', content: input, type: 'message' }];
-  if (Array.isArray(input)) return input as JsonObject[];
-  throw new InvalidRequestError('input: must be a string or a list of items');
+  if (Array.isArray(input) && input.every(isObject)) return input as JsonObject[];
+  throw new InvalidRequestError('input: must be a string or a list of item objects');
 }
 
 /** Rebuilds each turn's question from the request's input and the loop's outputs. */
@@ -335,7 +335,12 @@ async function callTool(
   } catch (err) {
     return JSON.stringify({ error: `Invalid tool call arguments: ${(err as Error).message}` });
   }
-  if (!tools) throw new Error('this agent session has no direct tool access to run tools with');
+  if (!tools) {
+    // The seed granted no tools to run the model's call with: the client's mistake, not ours.
+    throw new InvalidRequestError(
+      `the model called ${JSON.stringify(call.name)}, but this agent session has no direct HTTP tool access to run it with`,
+    );
+  }
   const cookie = cookieHeader(st.resources_server_cookies);
   const res = await postUpstream(http, `${tools.baseUrl}/${String(call.name)}`, {
     json: args,

@@ -33,6 +33,18 @@ const RUN_BODY = {
   },
 };
 
+/** Simple Agent without its session hooks: restart-only under checkpointing. */
+const hookless: AgentDefinition<SimpleSessionState> = (context) => {
+  const inner = simpleAgent(context);
+  return {
+    checkpointSessionsSupported: false,
+    seedSession: (request) => inner.seedSession(request),
+    respond: (invocation) => inner.respond(invocation),
+    legacyRun: (request) => inner.legacyRun(request),
+    closeSession: (entry) => inner.closeSession(entry),
+  };
+};
+
 function participant(x: Harness = h): AgentParticipant {
   return x.agent.participant as AgentParticipant;
 }
@@ -93,6 +105,31 @@ describe('legacy /run', () => {
     expect(participant().has('run:r1')).toBe(false);
     expect(h.agent.sessions.size).toBe(0);
   });
+
+  test.each([
+    ['checkpointing off', { checkpoint: false }],
+    ['checkpointing on', {}],
+    ['restart-only', { definition: hookless }],
+  ])(
+    'a row whose indices are neither strings nor numbers is 400 invalid_rollout_id (%s)',
+    async (_name, options) => {
+      h = await startStack(options);
+      const { _ng_rollout_id: _id, ...row } = RUN_BODY;
+      for (const index of [{ toString: null }, [{ valueOf: 1 }], true, { a: 1 }]) {
+        const reply = await post(`${h.url}/run`, {
+          ...row,
+          _ng_task_index: 1,
+          _ng_rollout_index: index,
+        });
+        expect([index, reply.status, reply.body.error]).toEqual([
+          index,
+          400,
+          expect.objectContaining({ code: 'invalid_rollout_id' }),
+        ]);
+      }
+      expect(h.resources.calls).toEqual([]);
+    },
+  );
 
   test('a legacy /run whose resources server cannot be reached fails with 502 upstream_error naming it', async () => {
     h = await startStack();

@@ -1,3 +1,5 @@
+import { MAX_AGENT_SESSION_ID_CHARS } from '../src/sessions.js';
+
 import {
   activate,
   closeSession,
@@ -6,6 +8,7 @@ import {
   post,
   seed,
   startStack,
+  weatherAccess,
 } from './support/harness.js';
 
 let h: Harness;
@@ -135,5 +138,47 @@ describe('agent sessions', () => {
       surprise: 1,
     });
     expect(reply.status).toBe(422);
+  });
+
+  test.each([
+    ['a lone surrogate', '\ud800'],
+    ['too long for its cookie', 'x'.repeat(MAX_AGENT_SESSION_ID_CHARS + 1)],
+    ['empty', ''],
+  ])('an agent_session_id that is %s is 422 before any session exists', async (_what, id) => {
+    h = await startStack();
+    const reply = await post(`${h.url}/ng-rollout/r1/v1/agent_sessions`, {
+      agent_session_id: id,
+      episode_id: { rollout_id: 'r1', attempt: 0 },
+      task_id: 't',
+      tool_accesses: [],
+      sandbox_access: null,
+    });
+    expect([reply.status, errorCode(reply)]).toEqual([422, 'invalid_request']);
+    expect(h.agent.sessions.size).toBe(0);
+    const close = await post(`${h.url}/v1/agent_sessions/close`, { agent_session_id: id });
+    expect([close.status, errorCode(close)]).toEqual([422, 'invalid_request']);
+  });
+
+  test.each([
+    ['a cookie value with a character no header can carry', { cookies: { s: 'caf\u20ac' } }],
+    ['a cookie value with a semicolon', { cookies: { s: 'a; b=c' } }],
+    ['a header name that is no token', { headers: { 'x y': '1' } }],
+    ['a header value with a newline', { headers: { 'x-a': 'a\nb' } }],
+    ['a base_url that is no URL', { base_url: 'http://a b' }],
+  ])('a tool grant with %s is 422 at the seed', async (_what, change) => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1', {
+      tools: [{ ...weatherAccess(h.resources.url, 'r1'), ...change }],
+    });
+    expect([s.reply.status, errorCode(s.reply)]).toEqual([422, 'invalid_request']);
+    expect(h.agent.sessions.size).toBe(0);
+  });
+
+  test('an activation whose model calls a tool the session has no grant for is 422', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1', { tools: [] });
+    const reply = await activate(h, s, 'r1');
+    expect([reply.status, errorCode(reply)]).toEqual([422, 'invalid_request']);
+    expect(reply.body.error).toMatchObject({ detail: expect.stringContaining('get_weather') });
   });
 });

@@ -16,7 +16,7 @@ import {
   type SimpleSessionState,
   toolBaseUrl,
 } from '../src/simple-agent.js';
-import { activate, type Harness, seed, startStack } from './support/harness.js';
+import { activate, errorCode, type Harness, post, seed, startStack } from './support/harness.js';
 import { startStubModel, startStubResources } from './support/stubs.js';
 import { response } from './support/stubs.js';
 
@@ -104,6 +104,31 @@ describe('Simple Agent turn loop', () => {
 });
 
 describe('Simple Agent upstream failures', () => {
+  test('an input item that is no object is 422 invalid_request before the model is called', async () => {
+    h = await startStack({ checkpoint: false });
+    for (const input of [[null], ['hi'], [[]], 5]) {
+      const reply = await post(`${h.url}/v1/responses`, { input });
+      expect([input, reply.status, errorCode(reply)]).toEqual([input, 422, 'invalid_request']);
+    }
+    expect(h.model.calls).toEqual([]);
+  });
+
+  test("the model server's refusal in the standard shape is passed on as it is", async () => {
+    const model = express();
+    model.post(/.*/, (_req, res) => {
+      res.status(422).json({ error: { code: 'invalid_request', detail: 'input[0]: nope' } });
+    });
+    const modelServer = await listen(model, 0);
+    try {
+      expect(await askAgent(modelServer.url)).toEqual({
+        status: 422,
+        body: { error: { code: 'invalid_request', detail: 'input[0]: nope' } },
+      });
+    } finally {
+      await modelServer.close();
+    }
+  });
+
   test('a model server that cannot be reached is a 502 upstream_error naming it', async () => {
     const gone = await listen(express(), 0);
     await gone.close();

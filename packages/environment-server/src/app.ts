@@ -13,7 +13,6 @@ import {
   type EpisodeContext,
   type GymApp,
   type JsonObject,
-  type JsonValue,
   jsonBody,
   type Logger,
   requestSignal,
@@ -33,6 +32,7 @@ import {
   type EpisodeWork,
   failureReply,
   HandledEpisodeError,
+  parseAggregateMetricsRequest,
   parseEpisodeRequest,
   resultReply,
   TIMED_OUT_FAILURE,
@@ -250,7 +250,7 @@ export function createEnvironmentServer(options: EnvironmentServerOptions): Envi
     gym.app.post('/aggregate_metrics', jsonBody(RUN_BODY_LIMIT), async (req, res, next) => {
       try {
         const metrics = await protocol.aggregateMetrics!(
-          req.body as JsonValue,
+          parseAggregateMetricsRequest(req.body),
           requestSignal(req, res),
         );
         res.type('application/json').send(encodeJson(metrics));

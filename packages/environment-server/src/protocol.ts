@@ -95,6 +95,19 @@ export function parseEpisodeRequest(body: unknown): EpisodeRequest {
   };
 }
 
+/**
+ * Validates an `/aggregate_metrics` body (`AggregateMetricsRequest`): an object whose
+ * `verify_responses`, when given, lists objects. Other keys are forwarded unchanged.
+ */
+export function parseAggregateMetricsRequest(body: unknown): JsonObject {
+  if (!isPlainObject(body)) throw new InvalidRequestError('body: must be a JSON object');
+  const responses = body.verify_responses;
+  if (responses !== undefined && !(Array.isArray(responses) && responses.every(isPlainObject))) {
+    throw new InvalidRequestError('verify_responses: must be a list of objects');
+  }
+  return body as JsonObject;
+}
+
 /** The task as JSON, what the task digest covers. */
 export function taskJson(task: Task): JsonObject {
   return {
@@ -385,5 +398,5 @@ export interface EnvironmentProtocol {
   /** The episode's result; throw `HandledEpisodeError` to fail it with a given failure. */
   run(request: EpisodeRequest, work: EpisodeWork): Promise<JsonObject>;
   /** Serves `POST /aggregate_metrics` when present. */
-  aggregateMetrics?(body: JsonValue, signal: AbortSignal): Promise<JsonValue>;
+  aggregateMetrics?(body: JsonObject, signal: AbortSignal): Promise<JsonValue>;
 }

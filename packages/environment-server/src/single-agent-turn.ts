@@ -21,10 +21,13 @@ import {
   decodeJson,
   encodeJson,
   episodeIdToJson,
+  errorFromBody,
   type JsonObject,
   type JsonValue,
   type Logger,
+  postUpstream,
   type StepMode,
+  UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core';
 import type { Got, Response } from 'got';
@@ -179,19 +182,25 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     this.transports = options.toolTransports ?? ['direct_http'];
   }
 
-  /** Forwarded unchanged to the resources server (not episode work: no rollout prefix). */
-  async aggregateMetrics(body: JsonValue, signal: AbortSignal): Promise<JsonValue> {
-    const response = await this.options.client.post(
-      `${this.options.resourcesUrl.replace(/\/+$/, '')}/aggregate_metrics`,
-      {
-        body: encodeJson(body),
-        headers: { 'content-type': 'application/json' },
-        signal,
-        responseType: 'text',
-        ...(this.options.checkpointing ? { retry: { limit: 0 } } : {}),
-      },
-    );
-    return decodeJson(response.body);
+  /**
+   * Forwarded unchanged to the resources server (not episode work: no rollout prefix). Its
+   * refusal (a 4xx) is the client's, passed on as it is; an unreachable server or a reply that is
+   * not JSON is a 502 `upstream_error`.
+   */
+  async aggregateMetrics(body: JsonObject, signal: AbortSignal): Promise<JsonValue> {
+    const url = `${this.options.resourcesUrl.replace(/\/+$/, '')}/aggregate_metrics`;
+    const response = await postUpstream(this.options.client, url, { json: body, signal });
+    let reply: JsonValue | undefined;
+    try {
+      reply = decodeJson(response.body);
+    } catch {
+      reply = undefined;
+    }
+    if (response.statusCode < 200 || response.statusCode >= 300) {
+      throw errorFromBody(response.statusCode, reply);
+    }
+    if (reply === undefined) throw new UpstreamError(`${url} replied with a body that is not JSON`);
+    return reply;
   }
 
   /** POSTs JSON under the episode's rollout prefix; never re-sent with checkpointing on. */

@@ -41,6 +41,15 @@ describe('flat rows', () => {
     ).toThrow(InvalidRolloutIdError);
   });
 
+  it.each([[{ toString: null }], [[{ valueOf: 1 }]], [true], [{ a: 1 }]])(
+    'refuse a row whose rollout index is %j with invalid_rollout_id',
+    (index) => {
+      expect(() => episodeRequestFromRow({ ...ROW, _ng_rollout_index: index }, 'weather')).toThrow(
+        InvalidRolloutIdError,
+      );
+    },
+  );
+
   it('refuse a row that names no rollout', () => {
     const { _ng_rollout_index: _r, ...row } = ROW;
     expect(() => episodeRequestFromRow(row, 'weather')).toThrow(RolloutIdRequiredError);

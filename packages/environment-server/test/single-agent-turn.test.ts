@@ -2,6 +2,7 @@ import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
 import { Harness, runBody, until } from './support/harness.js';
+import { closeConnections, send } from './support/malformed.js';
 import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
 
 let h: Harness | undefined;
@@ -9,6 +10,7 @@ afterEach(async () => {
   await h?.close();
   h = undefined;
 });
+afterAll(closeConnections);
 
 async function start(options: ConstructorParameters<typeof Harness>[0] = {}): Promise<Harness> {
   h = await new Harness(options).start();
@@ -121,6 +123,57 @@ describe('/aggregate_metrics', () => {
     expect(x.resources.calls).toEqual([
       expect.objectContaining({ path: '/aggregate_metrics', key: null, body }),
     ]);
+  });
+
+  it.each([
+    ['null', 'null'],
+    ['a list', '[]'],
+    ['a number', '5'],
+    ['a bad verify_responses', '{"verify_responses": [1]}'],
+  ])('refuses %s with 422 before forwarding anything', async (_what, text) => {
+    const x = await start();
+    const reply = await send(`${x.url}/aggregate_metrics`, {
+      what: text,
+      body: Buffer.from(text),
+      contentType: 'application/json',
+    });
+    expect([reply.status, JSON.parse(reply.text)]).toEqual([
+      422,
+      { error: { code: 'invalid_request', detail: expect.any(String) } },
+    ]);
+    expect(x.resources.calls).toEqual([]);
+  });
+
+  it('refuses a body without a JSON content type with 422', async () => {
+    const x = await start();
+    const text = JSON.stringify({ verify_responses: [] });
+    const reply = await send(`${x.url}/aggregate_metrics`, {
+      what: 'no content type',
+      body: Buffer.from(text),
+      contentType: null,
+    });
+    expect(reply.status).toBe(422);
+    expect(x.resources.calls).toEqual([]);
+  });
+
+  it("passes on the resources server's refusal, and answers its failure with 502", async () => {
+    const x = await start();
+    const body = { verify_responses: [{ reward: 1 }] };
+    x.resources.on('/aggregate_metrics', { status: 422, code: 'invalid_request' });
+    expect(await x.post('/aggregate_metrics', body)).toEqual({
+      status: 422,
+      body: { error: { code: 'invalid_request', detail: 'stub failure' } },
+    });
+    x.resources.on('/aggregate_metrics', { status: 503 });
+    expect(await x.post('/aggregate_metrics', body)).toMatchObject({
+      status: 502,
+      body: { error: { code: 'upstream_error' } },
+    });
+    x.resources.on('/aggregate_metrics', { destroy: true });
+    expect(await x.post('/aggregate_metrics', body)).toMatchObject({
+      status: 502,
+      body: { error: { code: 'upstream_error' } },
+    });
   });
 });
 

@@ -17,6 +17,20 @@ function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
+/** A message's tool calls, whose names and arguments are prompt text: strings, as OpenAI's are. */
+function checkToolCalls(value: unknown, path: string): void {
+  if (value === undefined || value === null) return;
+  if (!Array.isArray(value)) throw new InvalidRequestError(`${path}: must be a list`);
+  value.forEach((call, i) => {
+    const fn = isPlainObject(call) ? call.function : undefined;
+    if (!isPlainObject(fn) || typeof fn.name !== 'string' || typeof fn.arguments !== 'string') {
+      throw new InvalidRequestError(
+        `${path}[${i}].function: must be an object with string name and arguments`,
+      );
+    }
+  });
+}
+
 /**
  * Reads the fields the fake uses; everything else (tools, temperature, other `ng_*` extension
  * fields) is accepted and ignored, as a lenient backend would. Bad input is 422 `invalid_request`.
@@ -34,6 +48,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     if (!isPlainObject(m) || typeof m.role !== 'string') {
       throw new InvalidRequestError(`messages[${i}]: must be an object with a string role`);
     }
+    checkToolCalls(m.tool_calls, `messages[${i}].tool_calls`);
   });
   if (typeof stream !== 'boolean') throw new InvalidRequestError('stream: must be a boolean');
   if (streamOptions !== undefined && streamOptions !== null && !isPlainObject(streamOptions)) {

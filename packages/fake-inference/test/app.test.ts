@@ -429,6 +429,12 @@ describe('models, errors and routes', () => {
     ['/v1/chat/completions', { messages: [] }],
     ['/v1/chat/completions', { messages: [{ content: 'no role' }] }],
     ['/v1/chat/completions', { messages: [USER], stream: 'yes' }],
+    [
+      '/v1/chat/completions',
+      { messages: [{ role: 'assistant', tool_calls: [{ function: { name: { toString: 1 } } }] }] },
+    ],
+    ['/v1/chat/completions', { messages: [{ role: 'assistant', tool_calls: [null] }] }],
+    ['/v1/chat/completions', { messages: [{ role: 'assistant', tool_calls: 'f' }] }],
     ['/_ctl/hold', {}],
     ['/_ctl/hold', { after_calls: -1 }],
     ['/_ctl/step', { calls: 'two' }],

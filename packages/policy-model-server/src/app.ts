@@ -9,6 +9,7 @@ import {
   createGymApp,
   type ControlPlane,
   InvalidRequestError,
+  InvalidRolloutIdError,
   jsonBody,
   type Logger,
   type ServerSettings,
@@ -19,7 +20,7 @@ import {
   toClientError,
   sendError,
 } from '@ckpt-gym/core';
-import express, { type Express, type Router } from 'express';
+import express, { type ErrorRequestHandler, type Express, type Router } from 'express';
 
 import { GenerationCuts, generationCutUrl } from './cuts.js';
 import { PolicyGate } from './gate.js';
@@ -240,5 +241,18 @@ function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: st
   const json = jsonBody('4mb');
   router.post('/rollouts/retire', json, removal('retire'));
   router.post('/rollouts/delete', json, removal('delete'));
+  router.use(undecodableIdError);
   return router;
 }
+
+/**
+ * Express refuses a path parameter that is not percent-encoded UTF-8 (`%ZZ`) before the route runs,
+ * with a plain URIError: such an id names no rollout, a 400 like any other invalid id.
+ */
+const undecodableIdError: ErrorRequestHandler = (err, _req, _res, next) => {
+  next(
+    err instanceof URIError
+      ? new InvalidRolloutIdError('the rollout id in the path is not percent-encoded UTF-8')
+      : err,
+  );
+};

@@ -26,6 +26,7 @@ import {
 } from '@ckpt-gym/core';
 import express, { type Request, type Response, type Router } from 'express';
 
+import { checkChatRequest } from './chat.js';
 import type { GenerationCuts } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
@@ -324,7 +325,7 @@ async function generation(
   let chatBody: Obj;
   try {
     if (!isObj(body)) throw new InvalidRequestError('the request body must be a JSON object');
-    chatBody = route === 'responses' ? responsesToChatRequest(body) : body;
+    chatBody = route === 'responses' ? responsesToChatRequest(body) : checkChatRequest(body);
   } catch (err) {
     sendError(res, toClientError(err));
     return;

@@ -528,6 +528,19 @@ describe('capture-ledger control routes', () => {
     });
   });
 
+  it('refuses an id too long to name its ledger files, or not percent-encoded, with 400', async () => {
+    const h = await startHarness();
+    for (const op of ['retire', 'delete']) {
+      const reply = await post(`${routes(h.url)}/${op}`, { rollout_ids: ['r'.repeat(300)] }, auth);
+      expect(reply).toMatchObject({ status: 400, body: { error: { code: 'invalid_rollout_id' } } });
+    }
+    for (const id of ['r'.repeat(300), '%ZZ']) {
+      const manifest = await fetch(`${routes(h.url)}/${id}/manifest`, { headers: auth });
+      expect([id, manifest.status]).toEqual([id, 400]);
+      expect(await manifest.json()).toMatchObject({ error: { code: 'invalid_rollout_id' } });
+    }
+  });
+
   it('refuses a malformed removal body with 422 invalid_request', async () => {
     const h = await startHarness();
     for (const body of [

@@ -191,3 +191,35 @@ describe('request bodies', () => {
     expect(await fakeCalls(h.fake)).toEqual([]);
   });
 });
+
+describe('client mistakes are refused before the call is admitted', () => {
+  it('a chat message whose tool call has no string name and arguments is 422 invalid_request', async () => {
+    const h = await startHarness();
+    for (const call of [{ function: { name: 'f' } }, { function: 'f' }, null]) {
+      const reply = await chat(h.url, 'r', {
+        model: 'fake-model',
+        messages: [
+          { role: 'user', content: 'weather?' },
+          { role: 'assistant', content: null, tool_calls: [call] },
+        ],
+      });
+      expect(reply).toMatchObject({
+        status: 422,
+        body: {
+          error: { code: 'invalid_request', detail: expect.stringContaining('tool_calls[0]') },
+        },
+      });
+    }
+    expect(await fakeCalls(h.fake)).toEqual([]);
+  });
+
+  it('a capture key too long for the capture ledger is 400 invalid_rollout_id', async () => {
+    const h = await startHarness();
+    const reply = await chat(h.url, 'r'.repeat(300));
+    expect(reply).toMatchObject({ status: 400, body: { error: { code: 'invalid_rollout_id' } } });
+    expect(await fakeCalls(h.fake)).toEqual([]);
+    // Without token capture nothing names a file after the key: the call goes through.
+    const uncaptured = await startHarness({ capture: false });
+    expect((await chat(uncaptured.url, 'r'.repeat(300))).status).toBe(200);
+  });
+});

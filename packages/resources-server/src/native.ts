@@ -30,10 +30,29 @@ function onlyKeys(body: JsonObject, allowed: readonly string[], what: string): v
   if (extra.length > 0) throw new InvalidRequestError(`${what}: unknown keys ${extra.join(', ')}`);
 }
 
+/**
+ * The longest `resources_session_id`: its signed cookie must fit in a reply header a client can
+ * read (node refuses headers over 16 kB in all; browsers a cookie over 4 kB).
+ */
+export const MAX_RESOURCES_SESSION_ID_CHARS = 256;
+/** With the `u` flag a lone surrogate is a code point of its own (category Cs); a pair is not. */
+const LONE_SURROGATE = /\p{Cs}/u;
+
+/**
+ * A non-empty id of well-formed Unicode (a lone surrogate has no UTF-8 form: the cookie would name
+ * another id) of at most MAX_RESOURCES_SESSION_ID_CHARS; 422 otherwise.
+ */
 function sessionIdOf(body: JsonObject, what: string): string {
   const id = body.resources_session_id;
-  if (typeof id !== 'string' || id === '') {
-    throw new InvalidRequestError(`${what}.resources_session_id: must be a non-empty string`);
+  if (
+    typeof id !== 'string' ||
+    id === '' ||
+    id.length > MAX_RESOURCES_SESSION_ID_CHARS ||
+    LONE_SURROGATE.test(id)
+  ) {
+    throw new InvalidRequestError(
+      `${what}.resources_session_id: must be a non-empty string of at most ${MAX_RESOURCES_SESSION_ID_CHARS} characters, without lone surrogates`,
+    );
   }
   return id;
 }

@@ -1,6 +1,7 @@
 import { gzipSync } from 'node:zlib';
 
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
+import { MAX_RESOURCES_SESSION_ID_CHARS } from '../src/native.js';
 import { probeServer } from './probe.js';
 import { cleanUp, episodeJson, responseCalling, startServer } from './support.js';
 
@@ -52,6 +53,22 @@ describe('sessions without checkpointing', () => {
     expect(otherTask.status).toBe(422);
     expect(otherEpisode.status).toBe(422);
     expect(otherEpisode.body.error).toMatchObject({ code: 'invalid_request' });
+  });
+
+  test.each([
+    ['a lone surrogate, which no cookie can name', '\ud800'],
+    ['too long for its cookie', 's'.repeat(MAX_RESOURCES_SESSION_ID_CHARS + 1)],
+  ])('a resources_session_id that is %s is 422 before any session exists', async (_what, id) => {
+    const probe = probeServer();
+    const server = await startServer(probe, { checkpoint: false });
+    const seed = await server.post('/seed_session', nativeSeed(id, 'r1'), { key: 'r1' });
+    expect([seed.status, seed.body.error]).toEqual([
+      422,
+      expect.objectContaining({ code: 'invalid_request' }),
+    ]);
+    expect(probe.calls.seed).toBe(0);
+    const close = { resources_session_id: id, episode_id: episodeJson('r1') };
+    expect((await server.post('/close_session', close, { key: 'r1' })).status).toBe(422);
   });
 
   test('a native body whose episode differs from its rollout prefix is refused', async () => {

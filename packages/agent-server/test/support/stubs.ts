@@ -78,7 +78,7 @@ export async function startStubModel(): Promise<StubModel> {
   const waiters = new Waiters();
   let hold: { gate: Gate; arrived: () => void; sent: () => void } | null = null;
   const app = express();
-  app.use(express.json());
+  app.use(express.json({ limit: '64mb' }));
   app.post(/.*\/v1\/responses$/, async (req, res) => {
     const { key, path } = splitPrefix(req);
     calls.push({
@@ -154,7 +154,7 @@ export async function startStubResources(
   const calls: RecordedCall[] = [];
   let hold: { gate: Gate; arrived: () => void } | null = null;
   const app = express();
-  app.use(express.json());
+  app.use(express.json({ limit: '64mb' }));
   app.post(/.*/, async (req, res) => {
     const { key, path } = splitPrefix(req);
     calls.push({

@@ -46,6 +46,8 @@ export interface Behaviour {
   gate?: Gate;
   /** Reply with this status and an error body instead. */
   status?: number;
+  /** The error body's code (default `stub`, no catalogue code). */
+  code?: string;
   /** Destroy the connection without replying. */
   destroy?: boolean;
   headers?: Record<string, string>;
@@ -89,7 +91,7 @@ export class StubServer {
 
   async start(): Promise<void> {
     const app = express();
-    app.use(express.json());
+    app.use(express.json({ limit: '64mb' }));
     app.post(/.*/, async (req, res) => {
       const match = PREFIX.exec(req.path);
       const path = match ? match[2]! : req.path;
@@ -121,7 +123,9 @@ export class StubServer {
       for (const [name, value] of Object.entries(behaviour.headers ?? {}))
         res.setHeader(name, value);
       if (behaviour.status !== undefined) {
-        res.status(behaviour.status).json({ error: { code: 'stub', detail: 'stub failure' } });
+        res
+          .status(behaviour.status)
+          .json({ error: { code: behaviour.code ?? 'stub', detail: 'stub failure' } });
         return;
       }
       if (behaviour.plain) {
@@ -168,7 +172,9 @@ export function stubResources(): StubServer {
     },
     '/verify': (call) => ({ reward: 1.0, response: call.body.response }),
     '/close_session': (call) => ({ resources_session_id: call.body.resources_session_id }),
-    '/aggregate_metrics': (call) => ({ count: (call.body.verify_responses as unknown[]).length }),
+    '/aggregate_metrics': (call) => ({
+      count: ((call.body.verify_responses as unknown[] | undefined) ?? []).length,
+    }),
   });
 }
 
