@@ -14,6 +14,7 @@ COPY packages/policy-model-server/package.json packages/policy-model-server/
 COPY packages/agent-server/package.json packages/agent-server/
 COPY packages/environment-server/package.json packages/environment-server/
 COPY packages/coordinator-cli/package.json packages/coordinator-cli/
+COPY packages/testing/package.json packages/testing/
 COPY e2e/package.json e2e/
 RUN npm ci --no-audit --no-fund --ignore-scripts
 COPY packages/ packages/
@@ -37,6 +38,7 @@ COPY packages/policy-model-server/package.json packages/policy-model-server/
 COPY packages/agent-server/package.json packages/agent-server/
 COPY packages/environment-server/package.json packages/environment-server/
 COPY packages/coordinator-cli/package.json packages/coordinator-cli/
+COPY packages/testing/package.json packages/testing/
 COPY e2e/package.json e2e/
 RUN npm ci --omit=dev --no-audit --no-fund --ignore-scripts && npm cache clean --force
 COPY --from=build /app/packages/core/dist packages/core/dist

@@ -16,7 +16,7 @@ import {
   jsonRequest,
   malformedRequest,
   send,
-} from './support/malformed.js';
+} from '@ckpt-gym/testing';
 
 afterAll(closeConnections);
 

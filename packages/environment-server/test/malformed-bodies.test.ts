@@ -12,7 +12,7 @@ import {
   fuzzParameters,
   malformedRequest,
   send,
-} from './support/malformed.js';
+} from '@ckpt-gym/testing';
 
 const ROW = {
   responses_create_params: { input: 'weather in Paris?' },

@@ -2,7 +2,7 @@ import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
 import { Harness, runBody, until } from './support/harness.js';
-import { closeConnections, send } from './support/malformed.js';
+import { closeConnections, send } from '@ckpt-gym/testing';
 import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
 
 let h: Harness | undefined;

@@ -14,7 +14,7 @@ import {
   fuzzParameters,
   malformedRequest,
   send,
-} from './malformed.js';
+} from '@ckpt-gym/testing';
 
 let fake: RunningFakeInference;
 beforeEach(async () => {

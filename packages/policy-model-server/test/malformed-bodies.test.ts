@@ -12,7 +12,7 @@ import {
   fuzzParameters,
   malformedRequest,
   send,
-} from './malformed.js';
+} from '@ckpt-gym/testing';
 import { cleanup, post, startHarness, TOKEN } from './support.js';
 
 afterEach(cleanup);

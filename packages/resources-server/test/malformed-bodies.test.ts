@@ -13,7 +13,7 @@ import {
   jsonRequest,
   malformedRequest,
   send,
-} from './malformed.js';
+} from '@ckpt-gym/testing';
 import { cleanUp, episodeJson, responseCalling, startServer, type TestServer } from './support.js';
 
 afterEach(cleanUp);

@@ -1,5 +1,5 @@
 /**
- * Malformed data-plane requests for the per-route property tests (issue 24 item 9), and the check
+ * Malformed data-plane requests for the per-route property tests, and the check
  * that a server answered one as a client's mistake: below 500, in the standard JSON error shape.
  *
  * A case starts from a valid body and breaks one thing: a field at any depth dropped, added,
@@ -10,9 +10,6 @@
  *
  * Left out on purpose, as they belong to core's shared body parser and its own tests: broken
  * Content-Encoding, charsets other than UTF-8, nesting thousands of levels deep, oversized headers.
- *
- * The same file sits in each server package's test/support (a package's tests cannot import
- * another's); keep the copies identical.
  */
 import { Agent, request } from 'node:http';
 
