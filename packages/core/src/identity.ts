@@ -27,7 +27,7 @@ const ATTEMPT_SUFFIX_MAX_LENGTH = `-a${Number.MAX_SAFE_INTEGER}`.length;
  * The longest rollout id (219): its longest capture key plus the longest file suffix must fit one
  * file name (ids are ASCII, one byte a character), so 255 − 18 − 18. Unbounded, an id past node's
  * 16 kB of request headers failed every call under its `/ng-rollout/` prefix on the way. The seed
- * sets no limit and NeMo Gym's reference none (SPEC reference/, §1.1): a deliberate addition.
+ * sets no limit and NeMo Gym none (spec reference/control-plane-and-storage.md §1.1): ours.
  */
 export const MAX_ROLLOUT_ID_LENGTH =
   FILE_NAME_MAX_BYTES - KEY_FILE_SUFFIX_MAX_LENGTH - ATTEMPT_SUFFIX_MAX_LENGTH;
