@@ -15,6 +15,7 @@ import {
   createGymApp,
   createHttpClients,
   createLogger,
+  episodeFromRunBody,
   type EpisodeId,
   episodeIdFromJson,
   type GymApp,
@@ -39,7 +40,7 @@ import {
   parseActivationHeader,
 } from './activation.js';
 import { type Agent, type AgentDefinition, type AgentReply, untrackedHandle } from './agent.js';
-import { rowEpisode, untrackedEpisode } from './legacy-run.js';
+import { untrackedEpisode } from './legacy-run.js';
 import {
   type ActivationHandle,
   AgentParticipant,
@@ -544,7 +545,7 @@ export function createAgentServer<S>(
       const run = agent.legacyRun?.bind(agent);
       if (!run) throw new NotFoundError('this agent has no legacy /run');
       const body = bodyObject(req.body);
-      const episode = requestEpisode(req) ?? rowEpisode(body);
+      const episode = requestEpisode(req) ?? episodeFromRunBody(body);
       const cookies = parseCookieHeader(req.headers.cookie);
       const selfUrl = `${req.protocol}://${req.headers.host ?? ''}`;
       if (!agentParticipant) {

@@ -11,10 +11,8 @@ import {
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
   type EpisodeContext,
-  episodeFromRunBody,
   type EpisodeId,
   errorFromBody,
-  InvalidRolloutIdError,
   type JsonObject,
   type Logger,
   postUpstream,
@@ -59,26 +57,6 @@ function parse(text: string): unknown {
   } catch {
     return undefined;
   }
-}
-
-/** The row keys core joins into a rollout id, `<_ng_task_index>-<_ng_rollout_index>`. */
-const INDEX_KEYS = ['_ng_task_index', '_ng_rollout_index'] as const;
-
-/**
- * The episode a flat `/run` row names (core's `episodeFromRunBody`), with its indices checked
- * first: each a string or a number, else 400 `invalid_rollout_id` (core would stringify any value,
- * and one like `{"toString": null}` cannot be).
- */
-export function rowEpisode(row: unknown): EpisodeId | undefined {
-  if (typeof row === 'object' && row !== null) {
-    for (const key of INDEX_KEYS) {
-      const index = (row as Record<string, unknown>)[key];
-      if (index != null && typeof index !== 'string' && typeof index !== 'number') {
-        throw new InvalidRolloutIdError(`${key} must be a string or a number`);
-      }
-    }
-  }
-  return episodeFromRunBody(row);
 }
 
 /** A work context for a `/run` nothing checkpoints. */

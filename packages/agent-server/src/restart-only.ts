@@ -12,6 +12,7 @@ import {
   covers,
   type EpisodeId,
   type JsonObject,
+  episodeFromRunBody,
   type PrepareReport,
   prepareReport,
   requestEpisode,
@@ -20,7 +21,6 @@ import {
 } from '@ckpt-gym/core';
 import type { Express, NextFunction, Request, Response } from 'express';
 
-import { rowEpisode } from './legacy-run.js';
 import { untilSettledOr } from './participant.js';
 import { RolloutIndex } from './sessions.js';
 
@@ -229,7 +229,8 @@ export function installRestartOnly(app: Express, participant: RestartOnlyPartici
     }
     let episode: EpisodeId | undefined;
     try {
-      episode = requestEpisode(req) ?? (req.path === '/run' ? rowEpisode(req.body) : undefined);
+      episode =
+        requestEpisode(req) ?? (req.path === '/run' ? episodeFromRunBody(req.body) : undefined);
     } catch (err) {
       next(err);
       return;

@@ -1,4 +1,4 @@
-import { type EpisodeContext, listen } from '@ckpt-gym/core';
+import { type EpisodeContext, listen, MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core';
 import express from 'express';
 
 import type { AgentDefinition } from '../src/agent.js';
@@ -126,6 +126,34 @@ describe('legacy /run', () => {
           400,
           expect.objectContaining({ code: 'invalid_rollout_id' }),
         ]);
+      }
+      expect(h.resources.calls).toEqual([]);
+    },
+  );
+
+  test.each([
+    ['checkpointing off', { checkpoint: false }],
+    ['checkpointing on', {}],
+    ['restart-only', { definition: hookless }],
+  ])(
+    'a row whose rollout id is longer than MAX_ROLLOUT_ID_LENGTH is 400 invalid_rollout_id before any call (%s)',
+    async (_name, options) => {
+      h = await startStack(options);
+      const { _ng_rollout_id: _id, ...row } = RUN_BODY;
+      // Past 16 kB the id overflowed the downstream calls' request headers: a 431 about headers
+      // the client never sent.
+      for (const id of ['r'.repeat(MAX_ROLLOUT_ID_LENGTH + 1), 'r'.repeat(20_000)]) {
+        for (const named of [
+          { _ng_rollout_id: id },
+          { _ng_task_index: id, _ng_rollout_index: 0 },
+        ]) {
+          const reply = await post(`${h.url}/run`, { ...row, ...named });
+          expect([id.length, reply.status, reply.body.error]).toEqual([
+            id.length,
+            400,
+            expect.objectContaining({ code: 'invalid_rollout_id' }),
+          ]);
+        }
       }
       expect(h.resources.calls).toEqual([]);
     },

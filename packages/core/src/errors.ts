@@ -263,10 +263,25 @@ function bodyReadError(err: unknown): CkptGymError | undefined {
 }
 
 /**
+ * The typed error for express's router refusing a path parameter, or undefined for another error:
+ * a parameter that is not percent-encoded UTF-8 (`%ZZ`) is a URIError the router gives `status`
+ * 400, before any route runs. It is the client's input, as a body's bad UTF-8 is: 422.
+ */
+function pathParameterError(err: unknown): CkptGymError | undefined {
+  if (!(err instanceof URIError) || (err as { status?: unknown }).status !== 400) return undefined;
+  return new InvalidRequestError(
+    `a request path parameter is not percent-encoded UTF-8: ${err.message}`,
+  );
+}
+
+/**
  * Turns anything thrown into the error a client may see: typed errors pass through, body-reading
- * failures become 422/413, everything else is a 500 `internal_error` whose detail hides internals.
+ * failures become 422/413, an undecodable path parameter 422, everything else is a 500
+ * `internal_error` whose detail hides internals.
  */
 export function toClientError(err: unknown): CkptGymError {
   if (err instanceof CkptGymError) return err;
-  return bodyReadError(err) ?? new InternalError('internal server error');
+  return (
+    bodyReadError(err) ?? pathParameterError(err) ?? new InternalError('internal server error')
+  );
 }

@@ -14,6 +14,26 @@ const RESERVED_ATTEMPT_SUFFIX = /-a([1-9][0-9]*)$/;
 
 export const ROLLOUT_PATH_SEGMENT = 'ng-rollout';
 
+/** NAME_MAX of the usual file systems (ext4, xfs, btrfs, tmpfs, APFS): bytes in one file name. */
+const FILE_NAME_MAX_BYTES = 255;
+/**
+ * What a server adds to a capture key to name a file after it, at most: the policy model's capture
+ * ledger's longest suffix, `.tokens.incomplete` (its tests write every file of the longest key).
+ */
+const KEY_FILE_SUFFIX_MAX_LENGTH = 18;
+/** What a capture key adds to its rollout id, at most: `-a` and the 16 digits of 2^53 − 1. */
+const ATTEMPT_SUFFIX_MAX_LENGTH = `-a${Number.MAX_SAFE_INTEGER}`.length;
+/**
+ * The longest rollout id (219): its longest capture key plus the longest file suffix must fit one
+ * file name (ids are ASCII, one byte a character), so 255 − 18 − 18. Unbounded, an id past node's
+ * 16 kB of request headers failed every call under its `/ng-rollout/` prefix on the way. The seed
+ * sets no limit and NeMo Gym none (spec reference/control-plane-and-storage.md §1.1): ours.
+ */
+export const MAX_ROLLOUT_ID_LENGTH =
+  FILE_NAME_MAX_BYTES - KEY_FILE_SUFFIX_MAX_LENGTH - ATTEMPT_SUFFIX_MAX_LENGTH;
+/** The longest capture key (237): the longest rollout id at the highest attempt. */
+export const MAX_CAPTURE_KEY_LENGTH = MAX_ROLLOUT_ID_LENGTH + ATTEMPT_SUFFIX_MAX_LENGTH;
+
 export interface EpisodeId {
   readonly rollout_id: string;
   readonly attempt: number;
@@ -22,6 +42,9 @@ export interface EpisodeId {
 /** Why `rolloutId` cannot name a rollout, or undefined when it can. */
 function rolloutIdProblem(rolloutId: unknown): string | undefined {
   if (typeof rolloutId !== 'string') return 'rollout_id must be a string';
+  if (rolloutId.length > MAX_ROLLOUT_ID_LENGTH) {
+    return `rollout_id of ${rolloutId.length} characters is longer than ${MAX_ROLLOUT_ID_LENGTH}`;
+  }
   if (!ROLLOUT_ID_PATTERN.test(rolloutId)) {
     return `rollout_id ${JSON.stringify(rolloutId)} must match ${ROLLOUT_ID_PATTERN.source}`;
   }
@@ -74,6 +97,11 @@ export function captureKey(e: EpisodeId): string {
 
 /** Parses a capture key back to its episode; a key that names no valid episode is 400 `invalid_rollout_id`. */
 export function parseCaptureKey(key: string): EpisodeId {
+  if (key.length > MAX_CAPTURE_KEY_LENGTH) {
+    throw new InvalidRolloutIdError(
+      `capture key of ${key.length} characters is longer than ${MAX_CAPTURE_KEY_LENGTH}`,
+    );
+  }
   const match = RESERVED_ATTEMPT_SUFFIX.exec(key);
   if (!match) return episodeId(key, 0);
   const attempt = Number(match[1]);
@@ -202,11 +230,10 @@ export function episodeFromRunBody(body: unknown): EpisodeId | undefined {
   const attempt = attemptIndex as number;
   const explicit = row._ng_rollout_id;
   if (explicit !== undefined && explicit !== null) {
-    if (typeof explicit !== 'string' || !ROLLOUT_ID_PATTERN.test(explicit)) {
-      throw new InvalidRolloutIdError(
-        `_ng_rollout_id ${JSON.stringify(explicit)} must match ${ROLLOUT_ID_PATTERN.source}`,
-      );
+    if (typeof explicit !== 'string') {
+      throw new InvalidRolloutIdError(`_ng_rollout_id must be a string, got ${typeof explicit}`);
     }
+    // The key's own rules: its length, then the pattern of the id before any `-aN`.
     const named = parseCaptureKey(explicit);
     if (named.attempt > 0 && attempt > 0) {
       throw new InvalidRolloutIdError(
@@ -220,5 +247,21 @@ export function episodeFromRunBody(body: unknown): EpisodeId | undefined {
   if (task === undefined || task === null || rollout === undefined || rollout === null) {
     return undefined;
   }
-  return episodeId(`${String(task)}-${String(rollout)}`, attempt);
+  return episodeId(
+    `${indexText('_ng_task_index', task)}-${indexText('_ng_rollout_index', rollout)}`,
+    attempt,
+  );
+}
+
+/**
+ * A row index as rollout-id text: a string or a number (a bigint is how core's codec reads an
+ * integer beyond 2^53). Anything else is 400 `invalid_rollout_id`: stringifying it would turn
+ * `true` into an id, and cannot turn `{"toString": null}` into anything.
+ */
+function indexText(key: string, index: unknown): string {
+  if (typeof index === 'string' || typeof index === 'number' || typeof index === 'bigint') {
+    return String(index);
+  }
+  const kind = Array.isArray(index) ? 'array' : typeof index;
+  throw new InvalidRolloutIdError(`${key} must be a string or a number, got ${kind}`);
 }

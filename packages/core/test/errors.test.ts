@@ -1,6 +1,8 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
+import express, { type Request, type Response } from 'express';
+
 import { ERROR_CATALOGUE, errorFromBody, toClientError } from '../src/errors.js';
 
 describe('the error catalogue', () => {
@@ -91,5 +93,26 @@ describe('the error catalogue', () => {
       const client = toClientError(err);
       expect([err.message, client.code, client.detail]).toEqual([err.message, code, detail]);
     }
+  });
+
+  test("express's router refusing a path parameter that is not percent-encoded UTF-8 is 422 invalid_request", async () => {
+    const router = express.Router();
+    router.get('/rollouts/:id', (_req, res) => res.end());
+    for (const id of ['%ZZ', '%ED%A0%80', '%']) {
+      // What the router hands the error middleware (its URIError, with status 400).
+      const routed = await new Promise<unknown>((resolve) => {
+        const req = { method: 'GET', url: `/rollouts/${id}`, headers: {} } as Request;
+        router(req, {} as Response, resolve);
+      });
+      const client = toClientError(routed);
+      expect([id, client.code, client.status, client.detail]).toEqual([
+        id,
+        'invalid_request',
+        422,
+        `a request path parameter is not percent-encoded UTF-8: Failed to decode param '${id}'`,
+      ]);
+    }
+    // Only the router's: a URIError our own code raises is a bug, not the client's.
+    expect(toClientError(new URIError('URI malformed')).code).toBe('internal_error');
   });
 });

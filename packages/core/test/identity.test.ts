@@ -8,6 +8,8 @@ import {
   episodeIdFromJson,
   InvalidRequestError,
   InvalidRolloutIdError,
+  MAX_CAPTURE_KEY_LENGTH,
+  MAX_ROLLOUT_ID_LENGTH,
   nextAttempt,
   parseCaptureKey,
   parseRolloutPath,
@@ -36,6 +38,33 @@ describe('capture keys', () => {
 
   test('a rollout id may not end with the reserved suffix', () => {
     expect(() => episodeId('x-a1', 0)).toThrow(/reserved attempt suffix/);
+  });
+
+  test('a rollout id is at most MAX_ROLLOUT_ID_LENGTH characters, so its capture keys fit a file name with a suffix', () => {
+    const longest = 'r'.repeat(MAX_ROLLOUT_ID_LENGTH);
+    const highest = captureKey(episodeId(longest, Number.MAX_SAFE_INTEGER));
+    expect([MAX_ROLLOUT_ID_LENGTH, highest.length, MAX_CAPTURE_KEY_LENGTH]).toEqual([
+      219, 237, 237,
+    ]);
+    expect(parseCaptureKey(highest)).toEqual({
+      rollout_id: longest,
+      attempt: Number.MAX_SAFE_INTEGER,
+    });
+    const tooLong = `${longest}r`;
+    expect(() => episodeId(tooLong)).toThrow(
+      new InvalidRolloutIdError(`rollout_id of 220 characters is longer than 219`),
+    );
+    for (const key of [tooLong, `${tooLong}-a1`, 'r'.repeat(16_384), `${highest}0`]) {
+      expect(() => parseCaptureKey(key)).toThrow(InvalidRolloutIdError);
+    }
+    expect(() => parseRolloutPath(`/ng-rollout/${tooLong}/v1/responses`)).toThrow(
+      InvalidRolloutIdError,
+    );
+    expect(() => episodeIdFromJson({ rollout_id: tooLong })).toThrow(InvalidRequestError);
+    // A refusal names the length, not a client's megabytes of id.
+    expect(() => parseCaptureKey('r'.repeat(1_000_000))).toThrow(
+      `capture key of 1000000 characters is longer than ${MAX_CAPTURE_KEY_LENGTH}`,
+    );
   });
 
   test('every valid capture key round-trips', () => {
@@ -118,5 +147,43 @@ describe('identity of flat run bodies', () => {
 
   test('an explicit id that fails the pattern is refused, never sanitised', () => {
     expect(() => episodeFromRunBody({ _ng_rollout_id: 'a b' })).toThrow(InvalidRolloutIdError);
+  });
+
+  test('a rollout id longer than MAX_ROLLOUT_ID_LENGTH is refused, explicit or built from the indices', () => {
+    const id = 'r'.repeat(MAX_ROLLOUT_ID_LENGTH);
+    expect(episodeFromRunBody({ _ng_rollout_id: id })).toEqual({ rollout_id: id, attempt: 0 });
+    for (const row of [
+      { _ng_rollout_id: `${id}r` },
+      { _ng_rollout_id: `${id}r-a1` },
+      { _ng_task_index: 'r'.repeat(20_000), _ng_rollout_index: 0 },
+      { _ng_task_index: 1, _ng_rollout_index: id },
+    ]) {
+      expect(() => episodeFromRunBody(row)).toThrow(InvalidRolloutIdError);
+    }
+  });
+
+  test.each([[{ toString: null }], [[{ valueOf: 1 }]], [[1]], [true], [{ a: 1 }]])(
+    'an index that is neither a string nor a number (%j) is invalid_rollout_id, never stringified',
+    (index) => {
+      for (const row of [
+        { _ng_task_index: index, _ng_rollout_index: 0 },
+        { _ng_task_index: 0, _ng_rollout_index: index },
+      ]) {
+        expect(() => episodeFromRunBody(row)).toThrow(
+          /^_ng_(task|rollout)_index must be a string or a number, got (object|array|boolean)$/,
+        );
+        expect(() => episodeFromRunBody(row)).toThrow(InvalidRolloutIdError);
+      }
+    },
+  );
+
+  test('string, number and bigint indices name the rollout', () => {
+    expect(episodeFromRunBody({ _ng_task_index: 'task', _ng_rollout_index: 2 })).toEqual({
+      rollout_id: 'task-2',
+      attempt: 0,
+    });
+    expect(
+      episodeFromRunBody({ _ng_task_index: 2n ** 64n, _ng_rollout_index: 0 })?.rollout_id,
+    ).toBe('18446744073709551616-0');
   });
 });

@@ -6,9 +6,7 @@
  */
 import {
   episodeFromRunBody,
-  type EpisodeId,
   InvalidRequestError,
-  InvalidRolloutIdError,
   type JsonObject,
   type JsonValue,
   RolloutIdRequiredError,
@@ -27,24 +25,6 @@ const NON_TASK_KEYS: ReadonlySet<string> = new Set([
 /** The first of these row keys present names the task; else the task index does. */
 const TASK_ID_KEYS = ['task_id', 'problem_id', 'instance_id'] as const;
 
-/** The row keys core joins into a rollout id, `<_ng_task_index>-<_ng_rollout_index>`. */
-const INDEX_KEYS = ['_ng_task_index', '_ng_rollout_index'] as const;
-
-/**
- * The episode a row names (core's `episodeFromRunBody`), with its indices checked first: each a
- * string or a number, else 400 `invalid_rollout_id` (core would stringify any value, and one like
- * `{"toString": null}` cannot be).
- */
-function rowEpisode(row: JsonObject): EpisodeId | undefined {
-  for (const key of INDEX_KEYS) {
-    const index = row[key];
-    if (index != null && typeof index !== 'string' && typeof index !== 'number') {
-      throw new InvalidRolloutIdError(`${key} must be a string or a number`);
-    }
-  }
-  return episodeFromRunBody(row);
-}
-
 function present(value: unknown): value is string | number | bigint {
   return typeof value === 'string'
     ? value.length > 0
@@ -57,7 +37,7 @@ export function episodeRequestFromRow(row: unknown, defaultTaskset: string): Epi
     throw new InvalidRequestError('body: must be a JSON object (a flat row)');
   }
   const flat = row as JsonObject;
-  const episode = rowEpisode(flat);
+  const episode = episodeFromRunBody(flat);
   if (episode === undefined) {
     throw new RolloutIdRequiredError(
       'the row names no rollout: give _ng_rollout_id, or _ng_task_index and _ng_rollout_index',

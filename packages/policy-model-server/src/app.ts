@@ -247,7 +247,8 @@ function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: st
 
 /**
  * Express refuses a path parameter that is not percent-encoded UTF-8 (`%ZZ`) before the route runs,
- * with a plain URIError: such an id names no rollout, a 400 like any other invalid id.
+ * with a URIError (core's 422 `invalid_request` for any path parameter): this parameter is a
+ * rollout id, and such an id names no rollout, a 400 like any other invalid id.
  */
 const undecodableIdError: ErrorRequestHandler = (err, _req, _res, next) => {
   next(

@@ -21,7 +21,6 @@ import {
   encodeJson,
   forEachBounded,
   fsyncDirectory,
-  InvalidRolloutIdError,
   type JsonObject,
   parseCaptureKey,
   RolloutRetiredError,
@@ -172,29 +171,9 @@ export function keyOfFile(name: string): string | undefined {
   return undefined;
 }
 
-/** The longest name a key's files add to it. */
-const LONGEST_SUFFIX_CHARS = Math.max(...CLEANUP_SUFFIXES.map((suffix) => suffix.length));
-/** NAME_MAX of common file systems: each of a key's files must be nameable. */
-const MAX_FILE_NAME_BYTES = 255;
-/** The longest capture key the ledger holds (a key is ASCII: one byte a character). */
-export const MAX_LEDGER_KEY_CHARS = MAX_FILE_NAME_BYTES - LONGEST_SUFFIX_CHARS;
-
-/**
- * Refuses a key the ledger cannot hold with 400 `invalid_rollout_id`: one that is no capture key,
- * or one too long to name its files (which the file system would refuse mid-operation).
- */
-function checkKey(key: string): void {
-  if (key.length > MAX_LEDGER_KEY_CHARS) {
-    throw new InvalidRolloutIdError(
-      `capture key of ${key.length} characters is longer than the capture ledger's ${MAX_LEDGER_KEY_CHARS}`,
-    );
-  }
-  parseCaptureKey(key);
-}
-
 /** Valid capture keys, deduplicated; the whole batch is refused (400) if any key is invalid. */
 function validKeys(keys: readonly string[]): string[] {
-  for (const key of keys) checkKey(key);
+  for (const key of keys) parseCaptureKey(key);
   return [...new Set(keys)];
 }
 
@@ -353,7 +332,6 @@ export class CaptureLedger {
    * the row is discarded ('discarded') instead of bringing the ledger back.
    */
   append(key: string, row: JsonObject): Promise<'written' | 'discarded'> {
-    checkKey(key);
     const line = `${encodeJson(row)}\n`;
     return this.#lockKey(key, async () => {
       const ledger = this.path(key, LEDGER_SUFFIX);
@@ -394,7 +372,7 @@ export class CaptureLedger {
 
   /** Every row of `key`, in order; none when it has no ledger. */
   exportRows(key: string): Promise<JsonObject[]> {
-    checkKey(key);
+    parseCaptureKey(key);
     return Promise.resolve([...this.#knownNow(key).rows]);
   }
 
@@ -406,7 +384,7 @@ export class CaptureLedger {
    * reads), and a slice blocks the loop for about a millisecond.
    */
   async exportMany(keys: readonly string[], signal?: AbortSignal): Promise<LedgerRows[]> {
-    for (const key of keys) checkKey(key);
+    for (const key of keys) parseCaptureKey(key);
     const out: LedgerRows[] = [];
     for (const key of keys) {
       if (out.length % EXPORT_SLICE === 0) {
@@ -512,7 +490,7 @@ export class CaptureLedger {
     targets: ReadonlyMap<string, readonly JsonObject[]>,
     retired: readonly string[],
   ): Promise<RolloutRemoval> {
-    for (const key of targets.keys()) checkKey(key);
+    for (const key of targets.keys()) parseCaptureKey(key);
     return this.#retireAndInstall(validKeys(retired), targets);
   }
 

@@ -3,10 +3,16 @@ import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
 
-import { encodeJson } from '@ckpt-gym/core';
+import {
+  captureKey,
+  encodeJson,
+  episodeId,
+  MAX_CAPTURE_KEY_LENGTH,
+  MAX_ROLLOUT_ID_LENGTH,
+} from '@ckpt-gym/core';
 import lockfile from 'proper-lockfile';
 
-import { CaptureLedger, lockStripe } from '../src/index.js';
+import { CaptureLedger, lockStripe, TOKEN_SUFFIXES } from '../src/index.js';
 import {
   chat,
   cleanup,
@@ -85,6 +91,21 @@ describe('CaptureLedger files', () => {
       code: 'invalid_rollout_id',
     });
     expect(await ledger.exportRows('r')).toHaveLength(1);
+  });
+
+  it("holds core's longest capture key: every file named after it fits a file name", async () => {
+    // Core derives MAX_ROLLOUT_ID_LENGTH from this ledger's longest suffix; a longer one fails here.
+    const key = captureKey(episodeId('r'.repeat(MAX_ROLLOUT_ID_LENGTH), Number.MAX_SAFE_INTEGER));
+    expect(key).toHaveLength(MAX_CAPTURE_KEY_LENGTH);
+    const ledger = await ledgerAt();
+    // Token-store files a dead execution may leave; the import deletes them.
+    for (const suffix of TOKEN_SUFFIXES)
+      await writeFile(join(ledger.dir, `${key}${suffix}`), 'x\n');
+    await ledger.importMany(new Map([[key, [row('c1')]]]));
+    expect(await ledger.markStarted(key)).toBe(true);
+    expect(await files(ledger)).toEqual([`${key}.lineage.jsonl`, `${key}.lineage.started`]);
+    expect(await ledger.retire([key])).toEqual({ removed: [key], absent: [] });
+    expect(await files(ledger)).toEqual([`${key}.lineage.retired`]);
   });
 
   it('import replaces the target ledger and deletes what dead executions left for it and later attempts, look-alikes untouched', async () => {

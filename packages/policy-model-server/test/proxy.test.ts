@@ -1,6 +1,12 @@
 import { gzipSync } from 'node:zlib';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
+import {
+  captureKey,
+  episodeId,
+  MAX_CAPTURE_KEY_LENGTH,
+  MAX_ROLLOUT_ID_LENGTH,
+} from '@ckpt-gym/core';
 import OpenAI from 'openai';
 
 import { CAPTURE_CONTROL_PREFIX } from '../src/index.js';
@@ -213,13 +219,27 @@ describe('client mistakes are refused before the call is admitted', () => {
     expect(await fakeCalls(h.fake)).toEqual([]);
   });
 
-  it('a capture key too long for the capture ledger is 400 invalid_rollout_id', async () => {
-    const h = await startHarness();
-    const reply = await chat(h.url, 'r'.repeat(300));
-    expect(reply).toMatchObject({ status: 400, body: { error: { code: 'invalid_rollout_id' } } });
-    expect(await fakeCalls(h.fake)).toEqual([]);
-    // Without token capture nothing names a file after the key: the call goes through.
-    const uncaptured = await startHarness({ capture: false });
-    expect((await chat(uncaptured.url, 'r'.repeat(300))).status).toBe(200);
-  });
+  it.each([
+    ['with token capture', {}],
+    ['without token capture', { capture: false }],
+  ])(
+    "a rollout id longer than core's MAX_ROLLOUT_ID_LENGTH is 400 invalid_rollout_id, the longest is served (%s)",
+    async (_name, options) => {
+      const h = await startHarness(options);
+      const longest = 'r'.repeat(MAX_ROLLOUT_ID_LENGTH);
+      for (const key of [`${longest}r`, `${longest}r-a1`, 'r'.repeat(10_000)]) {
+        const reply = await chat(h.url, key);
+        expect([key.length, reply.status, reply.body]).toEqual([
+          key.length,
+          400,
+          { error: expect.objectContaining({ code: 'invalid_rollout_id' }) },
+        ]);
+      }
+      expect(await fakeCalls(h.fake)).toEqual([]);
+      // The longest capture key names its ledger file (capture on) and is served.
+      const key = captureKey(episodeId(longest, Number.MAX_SAFE_INTEGER));
+      expect(key).toHaveLength(MAX_CAPTURE_KEY_LENGTH);
+      expect((await chat(h.url, key)).status).toBe(200);
+    },
+  );
 });

@@ -177,6 +177,16 @@ function contentText(content: unknown): string {
 }
 
 /**
+ * A tool call's arguments as text: a string as sent, none (missing or null) as '' (as NeMo Gym's
+ * lineage canonicalizes them: `JSON.stringify` would give `undefined` for a missing one, which no
+ * digest can hash), any other value as its JSON.
+ */
+function argumentsText(args: unknown): string {
+  if (typeof args === 'string') return args;
+  return args === undefined || args === null ? '' : JSON.stringify(args);
+}
+
+/**
  * Normalizes a chat message so the assistant turn a backend produced and the same turn a harness
  * sends back (content `null` vs missing, extra keys, reasoning) compare equal.
  */
@@ -190,7 +200,7 @@ export function normalizeMessage(message: unknown): NormalizedMessage {
       const fn = ((call ?? {}) as { function?: Record<string, unknown> }).function ?? {};
       return {
         name: typeof fn.name === 'string' ? fn.name : '',
-        arguments: typeof fn.arguments === 'string' ? fn.arguments : JSON.stringify(fn.arguments),
+        arguments: argumentsText(fn.arguments),
       };
     }),
     tool_call_id: typeof m.tool_call_id === 'string' ? m.tool_call_id : null,
