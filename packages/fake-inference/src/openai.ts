@@ -1,5 +1,5 @@
 /** The OpenAI chat-completions wire shapes the fake reads and writes. */
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { checkToolCalls, InvalidRequestError } from '@ckpt-gym/core';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 
@@ -15,20 +15,6 @@ export interface ChatRequest {
 
 function isPlainObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-/** A message's tool calls, whose names and arguments are prompt text: strings, as OpenAI's are. */
-function checkToolCalls(value: unknown, path: string): void {
-  if (value === undefined || value === null) return;
-  if (!Array.isArray(value)) throw new InvalidRequestError(`${path}: must be a list`);
-  value.forEach((call, i) => {
-    const fn = isPlainObject(call) ? call.function : undefined;
-    if (!isPlainObject(fn) || typeof fn.name !== 'string' || typeof fn.arguments !== 'string') {
-      throw new InvalidRequestError(
-        `${path}[${i}].function: must be an object with string name and arguments`,
-      );
-    }
-  });
 }
 
 /**

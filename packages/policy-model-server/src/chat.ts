@@ -4,25 +4,12 @@
  * calls, so a malformed one is refused here as the client's mistake (422, as an OpenAI backend
  * would refuse it) before the call is admitted, never a failure halfway through it.
  */
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { checkToolCalls, InvalidRequestError } from '@ckpt-gym/core';
 
 type Obj = Record<string, unknown>;
 
 function isObj(value: unknown): value is Obj {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-function checkToolCalls(value: unknown, path: string): void {
-  if (value === undefined || value === null) return;
-  if (!Array.isArray(value)) throw new InvalidRequestError(`${path}: must be a list`);
-  value.forEach((call, i) => {
-    const fn = isObj(call) ? call.function : undefined;
-    if (!isObj(fn) || typeof fn.name !== 'string' || typeof fn.arguments !== 'string') {
-      throw new InvalidRequestError(
-        `${path}[${i}].function: must be an object with string name and arguments`,
-      );
-    }
-  });
 }
 
 /** `body` when its messages are a non-empty list of objects with a role and well-formed tool calls. */
