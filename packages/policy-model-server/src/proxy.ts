@@ -320,16 +320,19 @@ async function generation(
   req: Request,
   res: Response,
 ) {
-  const { gate, ledger, logger } = options;
+  const { gate, logger } = options;
   const body: unknown = req.body;
   let chatBody: Obj;
+  let requestDigest: string;
   try {
     if (!isObj(body)) throw new InvalidRequestError('the request body must be a JSON object');
     chatBody = route === 'responses' ? responsesToChatRequest(body) : checkChatRequest(body);
+    requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
   } catch (err) {
-    sendError(res, toClientError(err));
+    sendError(res, loggedFailure(logger, err));
     return;
   }
+  const stream = chatBody.stream === true;
   const episode = requestEpisode(req);
   const clientSignal = requestSignal(req, res);
   let ticket: Ticket;
@@ -339,9 +342,42 @@ async function generation(
     if (!clientSignal.aborted) sendError(res, toClientError(err));
     return;
   }
+  // Nothing runs between admission and this try: its finally is the one place the ticket leaves.
+  try {
+    await forward(
+      options,
+      backend,
+      { route, body, chatBody, requestDigest, stream },
+      ticket,
+      res,
+      clientSignal,
+    );
+  } finally {
+    options.cuts?.left(ticket);
+    gate.exit(ticket);
+  }
+}
 
-  const stream = chatBody.stream === true;
-  const requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
+/** One checked generation request, ready to forward. */
+interface Generation {
+  route: Route;
+  body: unknown;
+  chatBody: Obj;
+  requestDigest: string;
+  stream: boolean;
+}
+
+/** Forwards an admitted call and relays its answer; every failure is answered here. */
+async function forward(
+  options: ProxyOptions,
+  backend: BackendClient,
+  call: Generation,
+  ticket: Ticket,
+  res: Response,
+  clientSignal: AbortSignal,
+): Promise<void> {
+  const { gate, ledger, logger } = options;
+  const { route, body, chatBody, requestDigest, stream } = call;
   let lineage: CallLineage | undefined;
   const held = new HeldResponse(res, async (answer) => {
     await gate.deliver(ticket, clientSignal);
@@ -431,9 +467,6 @@ async function generation(
     if (ticket.signal.aborted) sendError(res, toClientError(ticket.signal.reason));
     else if (clientSignal.aborted) res.destroy();
     else sendError(res, loggedFailure(logger, err));
-  } finally {
-    options.cuts?.left(ticket);
-    gate.exit(ticket);
   }
 }
 

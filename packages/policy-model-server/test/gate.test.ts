@@ -1,10 +1,11 @@
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { afterEach, describe, expect, it } from '@jest/globals';
+import { afterEach, describe, expect, it, jest } from '@jest/globals';
 
 import { PolicyGate } from '../src/index.js';
 import {
+  CHAT_BODY,
   chat,
   cleanup,
   control,
@@ -262,6 +263,37 @@ describe('the gate over HTTP', () => {
     const reply = await call;
     expect(reply.status).toBe(409);
     expect(reply.body).toMatchObject({ error: { code: 'stale_attempt' } });
+  });
+
+  it('a call that fails right after admission releases its ticket, and a retire of it completes', async () => {
+    const h = await startHarness();
+    // A poisoned call: serialising its checked body throws, as a 10,000-level body once did.
+    const poison = { ...CHAT_BODY, messages: [{ role: 'user', content: 'poison' }] };
+    const stringify = JSON.stringify;
+    const spy = jest.spyOn(JSON, 'stringify').mockImplementation(((value: unknown, ...rest) => {
+      const messages = (value as { messages?: { content?: unknown }[] } | null)?.messages;
+      if (value !== poison && messages?.[0]?.content === 'poison') {
+        throw new RangeError('Maximum call stack size exceeded');
+      }
+      return stringify(value, ...(rest as [undefined]));
+    }) as typeof JSON.stringify);
+    try {
+      const reply = await chat(h.url, 'r', poison);
+      expect(reply.status).toBe(500);
+      expect(reply.body).toMatchObject({ error: { code: 'internal_error' } });
+    } finally {
+      spy.mockRestore();
+    }
+    const status = await fetch(`${h.url}/ng-control/v1/checkpoint/status`, {
+      headers: { authorization: 'Bearer tok' },
+    });
+    expect(await status.json()).toMatchObject({ report: { counts: { inflight: 0, held: 0 } } });
+    const retired = await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r'),
+    });
+    expect(retired.status).toBe(200);
   });
 
   it('untagged calls neither break a retire nor surface as untyped errors', async () => {
