@@ -12,6 +12,13 @@ export interface ControlClock {
   setTimeout(fn: () => void, ms: number): () => void;
 }
 
+/**
+ * How far ahead of now a control call's `deadline_ts` may be (24 h). The lease a call sets ends a
+ * grace after its deadline, so this also bounds how long a forgotten checkpoint keeps admission
+ * closed (a `deadline_ts` of 1e308 once gave a lease that never expired).
+ */
+export const MAX_DEADLINE_AHEAD_SECONDS = 24 * 60 * 60;
+
 /** Node timers clamp longer delays to 1 ms; a longer wait fires early and callers re-arm. */
 const MAX_TIMER_MS = 2 ** 31 - 1;
 

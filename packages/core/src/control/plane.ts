@@ -288,6 +288,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       const earlier = this.#replay('prepare', id, PREPARE_ARGS);
       if (earlier) return earlier as PrepareReply;
       this.#admit('prepare', id);
+      // A deadline already passed leaves no time to get ready: refused before admission closes.
+      if (this.#clock.now() >= req.deadline_ts) throw new DeadlineExceededError('deadline passed');
       if (this.#phase === 'idle') {
         this.#carriedRestarts = new Set(req.restarts ?? []);
         this.#enter('preparing', id);

@@ -7,6 +7,7 @@ import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 
 import { InvalidRequestError } from '../errors.js';
 import { type EpisodeId, episodeId, isCaptureKey, ROLLOUT_ID_PATTERN } from '../identity.js';
+import { MAX_DEADLINE_AHEAD_SECONDS } from './deadline.js';
 
 export const CHECKPOINT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 export const CHECKPOINT_ID_MAX_LENGTH = 128;
@@ -71,6 +72,13 @@ function isRolloutId(value: string): boolean {
 const ajv = new Ajv({ allErrors: false, useDefaults: true, strict: true, allowUnionTypes: true });
 ajv.addFormat('rollout-id', { type: 'string', validate: isRolloutId });
 ajv.addFormat('capture-key', { type: 'string', validate: isCaptureKey });
+// Checked against the wall clock when the request arrives, as `deadline_ts` is wall-clock seconds.
+ajv.addKeyword({
+  keyword: 'maxSecondsAhead',
+  type: 'number',
+  schemaType: 'number',
+  validate: (seconds: number, value: number) => value <= Date.now() / 1000 + seconds,
+});
 
 const episodeIdSchema = {
   type: 'object',
@@ -90,7 +98,7 @@ const base = {
     pattern: CHECKPOINT_ID_PATTERN.source,
   },
   // ajv's `number` already refuses NaN and ±Infinity.
-  deadline_ts: { type: 'number' },
+  deadline_ts: { type: 'number', maxSecondsAhead: MAX_DEADLINE_AHEAD_SECONDS },
 } as const;
 
 function bodySchema(extra: Record<string, object>, required: string[]) {
@@ -153,6 +161,8 @@ function describe(err: ErrorObject): string {
       return `${fieldPath(err.instancePath, String(params.missingProperty))}: is required`;
     case 'additionalProperties':
       return `${fieldPath(err.instancePath, String(params.additionalProperty))}: is not a known field`;
+    case 'maxSecondsAhead':
+      return `${fieldPath(err.instancePath)}: must be at most ${MAX_DEADLINE_AHEAD_SECONDS} s from now`;
     case 'format':
       return `${fieldPath(err.instancePath)}: ${params.format === 'rollout-id' ? ROLLOUT_ID_REASON : CAPTURE_KEY_REASON}`;
     default:

@@ -12,6 +12,21 @@ describe('prepare', () => {
     expect(h.plane.status()).toMatchObject({ phase: 'prepared', checkpoint_id: 'c1' });
   });
 
+  test('a prepare whose deadline already passed is 409 deadline_exceeded and leaves admission open', async () => {
+    const h = harness();
+    h.participant.start('r', 'parked');
+    for (const deadline_ts of [h.at(-1), h.at(0)]) {
+      await expect(h.plane.prepare({ checkpoint_id: 'c1', deadline_ts })).rejects.toMatchObject({
+        code: 'deadline_exceeded',
+        detail: 'deadline passed',
+      });
+      expect(h.participant.admissionOpen).toBe(true);
+      expect(h.plane.status()).toMatchObject({ phase: 'idle', lease_expires_at: null });
+    }
+    const reply = await h.plane.prepare({ checkpoint_id: 'c1', deadline_ts: h.at() });
+    expect(reply.phase).toBe('prepared');
+  });
+
   test('the readiness wait wakes on a change notification', async () => {
     const h = harness();
     h.participant.start('r');

@@ -6,6 +6,7 @@ import { jest } from '@jest/globals';
 import express from 'express';
 import fc from 'fast-check';
 
+import { MAX_DEADLINE_AHEAD_SECONDS } from '../../src/control/deadline.js';
 import { controlRouter, installControlPlane } from '../../src/control/routes.js';
 import {
   CONTROL_ROUTES,
@@ -263,6 +264,34 @@ describe('every control route refuses invalid requests with a client error', () 
     },
     restore: { checkpoint_id: 'c1', deadline_ts: 1, checkpoint_dir: '/c', episode_ids: [episode] },
   };
+  test('a deadline_ts more than MAX_DEADLINE_AHEAD_SECONDS ahead is 422 invalid_request, so the lease is bounded', async () => {
+    const h = harness();
+    const base = await serve(h);
+    const horizon = () => Date.now() / 1000 + MAX_DEADLINE_AHEAD_SECONDS;
+    for (const route of CONTROL_ROUTES) {
+      for (const deadline_ts of [1e308, horizon() + 60]) {
+        const reply = await post(base, route, { ...valid[route], deadline_ts });
+        expect([route, reply.status, reply.body]).toEqual([
+          route,
+          422,
+          {
+            error: {
+              code: 'invalid_request',
+              detail: `invalid ${route} request: deadline_ts: must be at most ${MAX_DEADLINE_AHEAD_SECONDS} s from now`,
+            },
+          },
+        ]);
+      }
+    }
+    expect(h.participant.admissionOpen).toBe(true);
+    // The furthest deadline allowed gives a lease that ends one grace after it.
+    const furthest = horizon() - 60;
+    const prepare = await post(base, 'prepare', { checkpoint_id: 'c1', deadline_ts: furthest });
+    expect(prepare.status).toBe(200);
+    const lease = h.plane.status().lease_expires_at;
+    expect(lease).toBe(furthest + 60); // the harness's lease grace
+  });
+
   const badEpisode = fc.constantFrom<unknown>(
     {},
     { rollout_id: '' },
