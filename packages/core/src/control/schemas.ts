@@ -59,6 +59,11 @@ export type ControlRoute = keyof ControlRequests;
 
 const ROLLOUT_ID_REASON = `must match ${ROLLOUT_ID_PATTERN.source} and not end with the reserved attempt suffix -a<N>`;
 const CAPTURE_KEY_REASON = 'must be a capture key (<rollout id> or <rollout id>-a<N>)';
+const FORMAT_REASONS: Record<string, string> = {
+  'rollout-id': ROLLOUT_ID_REASON,
+  'capture-key': CAPTURE_KEY_REASON,
+  path: 'must not contain a NUL byte',
+};
 
 function isRolloutId(value: string): boolean {
   try {
@@ -72,6 +77,8 @@ function isRolloutId(value: string): boolean {
 const ajv = new Ajv({ allErrors: false, useDefaults: true, strict: true, allowUnionTypes: true });
 ajv.addFormat('rollout-id', { type: 'string', validate: isRolloutId });
 ajv.addFormat('capture-key', { type: 'string', validate: isCaptureKey });
+// No file system takes a NUL in a path: refused here, not as a failed open later.
+ajv.addFormat('path', { type: 'string', validate: (value: string) => !value.includes('\0') });
 // Checked against the wall clock when the request arrives, as `deadline_ts` is wall-clock seconds.
 ajv.addKeyword({
   keyword: 'maxSecondsAhead',
@@ -110,7 +117,7 @@ function bodySchema(extra: Record<string, object>, required: string[]) {
   };
 }
 
-const checkpointDir = { type: 'string', minLength: 1 } as const;
+const checkpointDir = { type: 'string', minLength: 1, format: 'path' } as const;
 const episodeIds = { type: 'array', items: episodeIdSchema } as const;
 
 const SCHEMAS: Record<ControlRoute, object> = {
@@ -164,7 +171,7 @@ function describe(err: ErrorObject): string {
     case 'maxSecondsAhead':
       return `${fieldPath(err.instancePath)}: must be at most ${MAX_DEADLINE_AHEAD_SECONDS} s from now`;
     case 'format':
-      return `${fieldPath(err.instancePath)}: ${params.format === 'rollout-id' ? ROLLOUT_ID_REASON : CAPTURE_KEY_REASON}`;
+      return `${fieldPath(err.instancePath)}: ${FORMAT_REASONS[String(params.format)]}`;
     default:
       return `${fieldPath(err.instancePath)}: ${err.message ?? 'is invalid'}`;
   }

@@ -292,6 +292,24 @@ describe('every control route refuses invalid requests with a client error', () 
     expect(lease).toBe(furthest + 60); // the harness's lease grace
   });
 
+  test.each(['commit', 'restore'] as const)(
+    'a %s whose checkpoint_dir holds a NUL byte is 422 invalid_request, not a failed open',
+    async (route) => {
+      const h = harness();
+      const base = await serve(h);
+      const reply = await post(base, route, { ...valid[route], checkpoint_dir: '/tmp/c\u0000x' });
+      expect(reply).toEqual({
+        status: 422,
+        body: {
+          error: {
+            code: 'invalid_request',
+            detail: `invalid ${route} request: checkpoint_dir: must not contain a NUL byte`,
+          },
+        },
+      });
+    },
+  );
+
   const badEpisode = fc.constantFrom<unknown>(
     {},
     { rollout_id: '' },
