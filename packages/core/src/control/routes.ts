@@ -6,7 +6,7 @@
  */
 import { timingSafeEqual } from 'node:crypto';
 
-import express, { type Express, type RequestHandler, type Router } from 'express';
+import express, { type Express, type Request, type RequestHandler, type Router } from 'express';
 
 import { CHECKPOINT_ROUTE_PREFIX } from '../coordination.js';
 import { ConfigError, UnauthorizedError } from '../errors.js';
@@ -32,13 +32,37 @@ export interface ControlRouterOptions {
 }
 
 /**
- * Accepts exactly `Bearer <token>` (case-sensitive, one space, no trimming). The comparison takes
- * the same time whatever the header holds, so the token cannot be guessed byte by byte.
+ * The request's one `Authorization` value, or '' when it has none or several: node keeps the first
+ * of repeated headers in `req.headers`, so they are counted in `rawHeaders`.
+ */
+function soleAuthorization(req: Request): string {
+  const raw = req.rawHeaders;
+  let value = '';
+  let count = 0;
+  for (let i = 0; i < raw.length; i += 2) {
+    if (raw[i]!.toLowerCase() === 'authorization') {
+      count += 1;
+      value = raw[i + 1]!;
+    }
+  }
+  return count === 1 ? value : '';
+}
+
+/**
+ * Accepts exactly one `Authorization: Bearer <token>` header (case-sensitive, one space, no
+ * trimming). The comparison takes the same time whatever the header holds, so the token cannot be
+ * guessed byte by byte. HTTP strips whitespace around a header value, so a token with whitespace at
+ * either end could never be sent exactly: it is a configuration error.
  */
 export function bearerAuth(token: string): RequestHandler {
+  if (token !== token.trim()) {
+    throw new ConfigError(
+      'the checkpoint control_auth_token must not start or end with whitespace',
+    );
+  }
   const expected = Buffer.from(`Bearer ${token}`, 'utf8');
   return (req, _res, next) => {
-    const given = Buffer.from(req.headers.authorization ?? '', 'utf8');
+    const given = Buffer.from(soleAuthorization(req), 'utf8');
     const sameLength = given.length === expected.length;
     // Compare equal-length buffers either way so a length mismatch costs the same as a byte mismatch.
     const equal = timingSafeEqual(sameLength ? given : expected, expected) && sameLength;

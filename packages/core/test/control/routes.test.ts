@@ -1,6 +1,6 @@
 import { once } from 'node:events';
 import type { Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { type AddressInfo, connect } from 'node:net';
 
 import { jest } from '@jest/globals';
 import express from 'express';
@@ -84,6 +84,41 @@ describe('control routes', () => {
     const ok = await fetch(`${base}/status`, { headers: { authorization: `Bearer ${TOKEN}` } });
     expect(ok.status).toBe(200);
     expect(await ok.json()).toMatchObject({ kind: 'environment', instance: 'test', phase: 'idle' });
+  });
+
+  test('status requires exactly one Authorization header: a repeated one is 401 whichever comes first', async () => {
+    const h = harness();
+    const base = new URL(await serve(h));
+    // fetch joins repeated headers itself: the request is written on a socket as it is meant.
+    const statusWith = async (authorizations: string[]): Promise<string> => {
+      const socket = connect(Number(base.port), base.hostname);
+      await once(socket, 'connect');
+      const lines = authorizations.map((value) => `Authorization: ${value}\r\n`).join('');
+      socket.end(
+        `GET ${base.pathname}/status HTTP/1.1\r\nHost: x\r\n${lines}Connection: close\r\n\r\n`,
+      );
+      let reply = '';
+      for await (const chunk of socket) reply += String(chunk);
+      return reply.split('\r\n')[0]!;
+    };
+    const good = `Bearer ${TOKEN}`;
+    expect(await statusWith([good])).toBe('HTTP/1.1 200 OK');
+    for (const headers of [
+      [good, good],
+      [good, 'Bearer wrong'],
+      ['Bearer wrong', good],
+    ]) {
+      expect([headers, await statusWith(headers)]).toEqual([headers, 'HTTP/1.1 401 Unauthorized']);
+    }
+  });
+
+  test('a control token with whitespace at either end (never sendable exactly) is a config error', () => {
+    const h = harness();
+    for (const token of [` ${TOKEN}`, `${TOKEN} `, `${TOKEN}\t`]) {
+      expect(() => controlRouter(h.plane, { token })).toThrow(
+        expect.objectContaining({ code: 'invalid_config' }),
+      );
+    }
   });
 
   test('auth is checked before the body', async () => {
