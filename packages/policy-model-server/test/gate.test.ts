@@ -296,6 +296,48 @@ describe('the gate over HTTP', () => {
     expect(retired.status).toBe(200);
   });
 
+  it('a call whose backend is unreachable, or whose client leaves while its answer is held, releases its ticket', async () => {
+    const counts = async (url: string) => {
+      const status = await fetch(`${url}/ng-control/v1/checkpoint/status`, {
+        headers: { authorization: 'Bearer tok' },
+      });
+      return ((await status.json()) as { report: { counts: object } }).report.counts;
+    };
+    const retire = (url: string) =>
+      control(url, 'retire', {
+        checkpoint_id: 'c0',
+        deadline_ts: deadline(),
+        episode_ids: episodes('r'),
+      });
+
+    // Port 1 on loopback refuses the connection: the backend fails after admission.
+    const down = await startHarness({ backendUrl: 'http://127.0.0.1:1/v1' });
+    expect((await chat(down.url, 'r')).status).toBe(502);
+    expect(await counts(down.url)).toMatchObject({ inflight: 0, held: 0 });
+    expect((await retire(down.url)).status).toBe(200);
+
+    const h = await startHarness();
+    await fakeCtl(h.fake, 'hold', { after_calls: 0 });
+    const client = new AbortController();
+    const call = fetch(`${h.url}/ng-rollout/r/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(CHAT_BODY),
+      signal: client.signal,
+    }).catch((err: unknown) => err);
+    await until(async () => (await fakeCalls(h.fake)).length === 1, 'the backend to see the call');
+    await control(h.url, 'prepare', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    await fakeCtl(h.fake, 'release');
+    await until(async () => (await fakeCalls(h.fake))[0]?.returned === true, 'the answer');
+    expect(await counts(h.url)).toMatchObject({ inflight: 1, held: 1 });
+    client.abort();
+    await call;
+    await until(() => h.server.gate.inflight === 0, 'the held call to leave');
+    expect(await counts(h.url)).toMatchObject({ inflight: 0, held: 0 });
+    await control(h.url, 'resume', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    expect((await retire(h.url)).status).toBe(200);
+  });
+
   it('untagged calls neither break a retire nor surface as untyped errors', async () => {
     const h = await startHarness();
     await fakeCtl(h.fake, 'hold', { after_calls: 0 });
