@@ -13,8 +13,8 @@ import {
 afterEach(cleanUp);
 
 const soon = (): number => Date.now() / 1000 + 30;
-/** A deadline already past: prepare answers at once with the current report. */
-const past = (): number => Date.now() / 1000 - 1;
+/** A deadline just ahead: prepare answers almost at once with the current report (a passed one is refused). */
+const brief = (): number => Date.now() / 1000 + 0.05;
 
 async function prepare(server: TestServer, id: string, deadline = soon(), restarts?: string[]) {
   const reply = await server.control('prepare', {
@@ -138,7 +138,7 @@ describe('requests during a checkpoint', () => {
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
     await eventually(() => probe.calls.seed === 1, 'the seed handler to run');
-    const first = await prepare(server, 'c1', past());
+    const first = await prepare(server, 'c1', brief());
     expect(first.phase).toBe('preparing');
     expect(first.report.blockers).toEqual(['r1']);
     probe.gates.seed.open();
@@ -216,7 +216,7 @@ describe('requests during a checkpoint', () => {
     probe.gates.tool = new Gate();
     const call = track(server.post('/bump', {}, { cookie, key: 'r1' }));
     await eventually(() => probe.calls.tool === 1, 'the tool to run');
-    expect((await prepare(server, 'c1', past())).report.blockers).toEqual(['r1']);
+    expect((await prepare(server, 'c1', brief())).report.blockers).toEqual(['r1']);
     probe.gates.tool.open();
     await call.promise;
     expect((await prepare(server, 'c1')).phase).toBe('prepared');
@@ -258,7 +258,7 @@ describe('requests during a checkpoint', () => {
     probe.gates.verify = new Gate();
     const verify = track(server.post('/verify', {}, { cookie, key: 'r1' }));
     await eventually(() => probe.calls.verify === 1, 'verify to run');
-    expect((await prepare(server, 'c1', past())).report.blockers).toEqual(['r1']);
+    expect((await prepare(server, 'c1', brief())).report.blockers).toEqual(['r1']);
     probe.gates.verify.open();
     await verify.promise;
     expect((await prepare(server, 'c1')).phase).toBe('prepared');
@@ -312,7 +312,7 @@ describe('requests during a checkpoint', () => {
     expect(committed.body.episode_ids).toEqual([]);
     await resume(server, 'c1');
     // Carried restarts end with the checkpoint: the same call now holds up the next one.
-    expect((await prepare(server, 'c2', past())).report.blockers).toEqual(['r1']);
+    expect((await prepare(server, 'c2', brief())).report.blockers).toEqual(['r1']);
     probe.gates.tool.open();
     await call.promise;
     await resume(server, 'c2');

@@ -48,6 +48,8 @@ async function prepare(server: TestServer, checkpointId: string, deadline = soon
 
 const sessions = (server: TestServer) => server.participant.readiness().counts.sessions;
 const past = (): number => Date.now() / 1000 - 1;
+/** A deadline just ahead: prepare answers almost at once with the current report (a passed one is refused). */
+const brief = (): number => Date.now() / 1000 + 0.05;
 
 describe('retire', () => {
   test.each(['exported', 'stateless', 'restart_only'] as const)(
@@ -106,7 +108,7 @@ describe('retire', () => {
       code: 'stale_attempt',
     });
     expect(probe.calls.tool).toBe(0);
-    const blocked = await prepare(server, 'c1', past());
+    const blocked = await prepare(server, 'c1', brief());
     expect(blocked.report.blockers).toEqual(['r1']);
     await server.ok('resume', { checkpoint_id: 'c1' });
     expect((await forget(server, ['r1'])).body.error).toMatchObject({ code: 'retire_incomplete' });
@@ -124,7 +126,7 @@ describe('retire', () => {
     const cut = await retire(server, ['r1'], shortly());
     expect(cut.body.error).toMatchObject({ code: 'deadline_exceeded' });
     expect(sessions(server)).toBe(1);
-    const blocked = await prepare(server, 'c1', past());
+    const blocked = await prepare(server, 'c1', brief());
     expect(blocked.report).toMatchObject({ ready: false, blockers: ['r1'] });
     const committed = await server.control('commit', {
       checkpoint_id: 'c1',
@@ -219,7 +221,7 @@ describe('retire', () => {
     expect((await retiring).body.error).toMatchObject({ code: 'deadline_exceeded' });
     expect(sessions(server)).toBe(1);
     expect((await forget(server, ['r1'])).body.error).toMatchObject({ code: 'retire_incomplete' });
-    const blocked = await prepare(server, 'c1', past());
+    const blocked = await prepare(server, 'c1', brief());
     expect(blocked.report.blockers).toEqual(['r1']);
     await server.ok('resume', { checkpoint_id: 'c1' });
     probe.gates.retire.open();
