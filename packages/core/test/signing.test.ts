@@ -262,6 +262,16 @@ describe('checkpoint.signing_key in the stack file', () => {
     );
   });
 
+  test('a key that reads as a number must be quoted, as documented', () => {
+    const digits = '1'.repeat(40);
+    expect(parse(stack('"${KEY}"'), { KEY: digits }).checkpoint?.signingKey).toEqual(
+      Buffer.from(digits),
+    );
+    expect(() => parse(stack('${KEY}'), { KEY: digits })).toThrow(
+      `${SOURCE}: checkpoint.signing_key: must be string`,
+    );
+  });
+
   test('multi-byte characters count as their UTF-8 bytes', () => {
     const secret = 'é'.repeat(16); // 16 characters, 32 bytes
     expect(parse(stack('"${KEY}"'), { KEY: secret }).checkpoint?.signingKey).toHaveLength(32);

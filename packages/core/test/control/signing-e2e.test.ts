@@ -47,7 +47,7 @@ async function serve(signed: boolean): Promise<Served> {
     'checkpoint:',
     '  enabled: true',
     `  control_auth_token: ${TOKEN}`,
-    ...(signed ? ['  signing_key: ${CKPT_GYM_SIGNING_KEY}'] : []),
+    ...(signed ? ['  signing_key: "${CKPT_GYM_SIGNING_KEY}"'] : []),
     'servers:',
     `  ${NAME}: { kind: ${KIND}, app: counter, port: 0 }`,
     '',
