@@ -6,7 +6,14 @@
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { type EpisodeId, fsyncDirectory, parseCaptureKey } from '@ckpt-gym/core';
+import {
+  CheckpointStateError,
+  type EpisodeId,
+  fsyncDirectory,
+  parseCaptureKey,
+  signed,
+  verifyManifestMac,
+} from '@ckpt-gym/core';
 
 import { CliFailure } from './context.js';
 import { keysOf } from './scope.js';
@@ -44,14 +51,23 @@ export function controllerRecord(parts: {
   };
 }
 
-/** Writes the record durably: a temporary file, fsynced, renamed into place, directory fsynced. */
-export async function publish(dir: string, record: ControllerRecord): Promise<string> {
+/**
+ * Writes the record durably: a temporary file, fsynced, renamed into place, directory fsynced.
+ * With `checkpoint.signing_key` it carries a `mac`, as the manifests do: a forged scope could
+ * otherwise make a restore leave out episodes the checkpoint continues.
+ */
+export async function publish(
+  dir: string,
+  record: ControllerRecord,
+  signingKey?: Uint8Array,
+): Promise<string> {
   const path = join(dir, CONTROLLER_FILE);
   const temporary = `${path}.${process.pid}.tmp`;
   await mkdir(dir, { recursive: true });
   const handle = await open(temporary, 'w');
   try {
-    await handle.writeFile(`${JSON.stringify(record, null, 2)}\n`, 'utf8');
+    const body = signingKey ? signed(signingKey, { ...record }) : record;
+    await handle.writeFile(`${JSON.stringify(body, null, 2)}\n`, 'utf8');
     await handle.sync();
   } finally {
     await handle.close();
@@ -61,8 +77,11 @@ export async function publish(dir: string, record: ControllerRecord): Promise<st
   return path;
 }
 
-/** The scope a restore continues, from a published record; a missing or bad file is a failure. */
-export async function publishedScope(dir: string): Promise<EpisodeId[]> {
+/**
+ * The scope a restore continues, from a published record; a missing or bad file is a failure, and
+ * so is, with `checkpoint.signing_key`, a record whose MAC is missing or does not verify.
+ */
+export async function publishedScope(dir: string, signingKey?: Uint8Array): Promise<EpisodeId[]> {
   const path = join(dir, CONTROLLER_FILE);
   let text: string;
   try {
@@ -81,8 +100,10 @@ export async function publishedScope(dir: string): Promise<EpisodeId[]> {
     ) {
       throw new Error(`not a schema_version ${CONTROLLER_SCHEMA_VERSION} record with episode_ids`);
     }
+    if (signingKey) verifyManifestMac(signingKey, record, path);
     return record.episode_ids.map((key) => parseCaptureKey(String(key)));
   } catch (err) {
+    if (err instanceof CheckpointStateError) throw err; // a forgery: --episodes is no remedy
     throw new CliFailure(
       `${path}: ${(err as Error).message}; name the restore scope with --episodes`,
     );

@@ -4,6 +4,7 @@ export * from './identity.js';
 export * from './settings.js';
 export * from './logging.js';
 export * from './store.js';
+export * from './signing.js';
 export * from './fsync.js';
 export * from './steps.js';
 export * from './idle-queue.js';

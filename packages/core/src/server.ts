@@ -40,7 +40,7 @@ export interface GymAppOptions<R extends CheckpointRecord> {
   checkpoint: CheckpointSettings | undefined;
   participant?: Participant<R>;
   logger?: Logger;
-  plane?: Omit<ControlPlaneOptions, 'leaseGraceSeconds' | 'logger'>;
+  plane?: Omit<ControlPlaneOptions, 'leaseGraceSeconds' | 'logger' | 'signingKey'>;
 }
 
 export interface GymApp<R extends CheckpointRecord> {
@@ -97,6 +97,7 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
     plane = new ControlPlane(options.participant, {
       ...options.plane,
       leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
+      signingKey: options.checkpoint.signingKey,
       logger,
     });
     installControlPlane(app, plane, options.checkpoint.controlAuthToken, { logger });

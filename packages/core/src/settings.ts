@@ -10,6 +10,7 @@ import { Ajv, type ErrorObject } from 'ajv';
 import { isAlias, isMap, isScalar, isSeq, parseDocument, type Node as YamlNode } from 'yaml';
 
 import { ConfigError } from './errors.js';
+import { MIN_SIGNING_KEY_BYTES, signingKeyBytes } from './signing.js';
 
 export const SERVER_KINDS = ['inference', 'model', 'resources', 'agent', 'environment'] as const;
 export type ServerKind = (typeof SERVER_KINDS)[number];
@@ -38,6 +39,8 @@ export interface CheckpointBlock {
   readonly enabled: boolean;
   readonly control_auth_token: string | null;
   readonly lease_grace_seconds: number;
+  /** The secret that signs manifests; absent when the file does not set it. */
+  readonly signing_key?: string;
 }
 
 /** What a server needs when checkpointing is on; absent (undefined) when it is off. */
@@ -45,6 +48,8 @@ export interface CheckpointSettings {
   readonly enabled: true;
   readonly controlAuthToken: string;
   readonly leaseGraceSeconds: number;
+  /** `checkpoint.signing_key` as bytes; absent when not set, and then manifests are not signed. */
+  readonly signingKey?: Buffer;
 }
 
 export interface TokenCaptureSettings {
@@ -111,6 +116,8 @@ const CHECKPOINT_SCHEMA = {
       exclusiveMinimum: 0,
       default: DEFAULT_LEASE_GRACE_SECONDS,
     },
+    // No default: a block without it reads exactly as before.
+    signing_key: { type: 'string' },
   },
 } as const;
 
@@ -488,10 +495,19 @@ function stackProblems(raw: RawStack): string[] {
 }
 
 function checkpointProblems(block: CheckpointBlock): string[] {
+  const problems: string[] = [];
   if (block.enabled && !block.control_auth_token) {
-    return ['checkpoint.control_auth_token is required when checkpoint.enabled is true'];
+    problems.push('checkpoint.control_auth_token is required when checkpoint.enabled is true');
   }
-  return [];
+  const keyBytes =
+    block.signing_key === undefined ? undefined : signingKeyBytes(block.signing_key).length;
+  if (keyBytes !== undefined && keyBytes < MIN_SIGNING_KEY_BYTES) {
+    // The key itself is never echoed: it is a secret.
+    problems.push(
+      `checkpoint.signing_key: must be at least ${MIN_SIGNING_KEY_BYTES} bytes of UTF-8, got ${keyBytes}`,
+    );
+  }
+  return problems;
 }
 
 function referenceProblems(
@@ -594,6 +610,9 @@ function buildSettings(raw: RawStack, source: string, baseDir: string): StackSet
           enabled: true,
           controlAuthToken: block.control_auth_token,
           leaseGraceSeconds: block.lease_grace_seconds,
+          ...(block.signing_key === undefined
+            ? {}
+            : { signingKey: signingKeyBytes(block.signing_key) }),
         }
       : undefined;
   const servers = new Map<string, ServerSettings>();

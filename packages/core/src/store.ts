@@ -24,6 +24,7 @@ import {
 } from './json.js';
 import { decodeJsonPieces, encodeJsonPieces, type TextSink } from './json-pieces.js';
 import { Mutex } from './mutex.js';
+import { signed, verifyManifestMac } from './signing.js';
 
 export const STATE_SCHEMA_VERSION = 1;
 export const MANIFEST_FILE = 'manifest.json';
@@ -122,6 +123,8 @@ export interface WriteParticipantStateOptions {
   records: Iterable<CheckpointRecord> | AsyncIterable<CheckpointRecord>;
   /** Participant keys merged into the manifest; they may not override the base keys. */
   manifestExtra?: Record<string, unknown>;
+  /** `checkpoint.signing_key`: when set, the manifest carries its MAC (see signing.ts). */
+  signingKey?: Uint8Array;
   stop?: WriteStop;
 }
 
@@ -153,7 +156,7 @@ export async function writeParticipantState(opts: WriteParticipantStateOptions):
       opts.checkpointId,
     ).finally(() => parentsSynced);
     const recordsFile = `records-${digest}.jsonl`;
-    const manifest: Manifest = {
+    const unsigned: Manifest = {
       schema_version: STATE_SCHEMA_VERSION,
       kind: opts.kind,
       instance: opts.instance,
@@ -163,6 +166,7 @@ export async function writeParticipantState(opts: WriteParticipantStateOptions):
       record_count: count,
       ...extra,
     };
+    const manifest = opts.signingKey ? signed(opts.signingKey, unsigned) : unsigned;
     const manifestText = manifestJson(manifest);
     await writeSynced(manifestTemp, manifestText);
     published = await stop.locked(async () => {
@@ -491,6 +495,8 @@ export interface ReadParticipantStateOptions<R> {
   select: (key: string, episode: EpisodeId) => boolean;
   /** Turns an in-scope record into the participant's type; a throw makes the restore fail. */
   validate: (record: JsonObject, key: string) => R;
+  /** `checkpoint.signing_key`: when set, a manifest without a MAC that verifies is refused. */
+  signingKey?: Uint8Array;
 }
 
 /**
@@ -504,6 +510,7 @@ export async function readParticipantState<R>(
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
   try {
     const manifest = await readManifest(join(dir, MANIFEST_FILE), opts.kind, opts.instance);
+    if (opts.signingKey) verifyManifestMac(opts.signingKey, manifest, join(dir, MANIFEST_FILE));
     const recordsPath = join(dir, manifest.records_file);
     const records: R[] = [];
     const { digest, count } = await scanLines(recordsPath, (line) => {

@@ -139,7 +139,7 @@ describe('checkpoint block', () => {
   it('refuses an unknown key even when checkpointing is disabled, naming the key', () => {
     const err = refusal(stack({ top: 'checkpoint: { enabled: false, lease_grace: 10 }' }));
     expect(err.message).toBe(
-      `${SOURCE}: checkpoint.lease_grace: unknown key (allowed: enabled, control_auth_token, lease_grace_seconds)`,
+      `${SOURCE}: checkpoint.lease_grace: unknown key (allowed: enabled, control_auth_token, lease_grace_seconds, signing_key)`,
     );
   });
 

@@ -65,6 +65,7 @@ export async function commitAndPublish(
       restarts: inFlight.restarts,
       recordCounts: counts,
     }),
+    ctx.stack.checkpoint?.signingKey,
   );
   const exportedKeys = union(Object.values(exported));
   return {

@@ -12,7 +12,8 @@ import { rowsByMember, timed, union } from './common.js';
 export async function restoreCommand(ctx: CommandContext): Promise<CommandResult> {
   const participants = await ctx.participants();
   const dir = ctx.checkpointDir();
-  const scope = ctx.invocation.episodes ?? (await publishedScope(dir));
+  const scope =
+    ctx.invocation.episodes ?? (await publishedScope(dir, ctx.stack.checkpoint?.signingKey));
   const id = ctx.invocation.id ?? generatedId('restore');
   const deadlineTs = ctx.deadlineTs();
   const { value: replies, seconds } = await timed(ctx, `restore ${id} from ${dir}`, () =>

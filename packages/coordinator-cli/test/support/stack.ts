@@ -51,7 +51,7 @@ export const DEFAULT_MEMBERS: MemberSpec[] = [
 export async function startStack(
   dir: string,
   members: MemberSpec[] = DEFAULT_MEMBERS,
-  options: { file?: string; extraServers?: string[] } = {},
+  options: { file?: string; extraServers?: string[]; signingKey?: string } = {},
 ): Promise<TestStack> {
   const participants = new Map<string, MemoryParticipant>();
   const servers: ListeningServer[] = [];
@@ -66,7 +66,12 @@ export async function startStack(
       name: member.name,
       kind: member.kind,
       checkpoint: participates
-        ? { enabled: true, controlAuthToken: TOKEN, leaseGraceSeconds: 600 }
+        ? {
+            enabled: true,
+            controlAuthToken: TOKEN,
+            leaseGraceSeconds: 600,
+            ...(options.signingKey ? { signingKey: Buffer.from(options.signingKey) } : {}),
+          }
         : undefined,
       participant,
       logger: silent,
@@ -84,6 +89,7 @@ export async function startStack(
       'checkpoint:',
       '  enabled: true',
       `  control_auth_token: \${${TOKEN_ENV}}`,
+      ...(options.signingKey ? [`  signing_key: ${JSON.stringify(options.signingKey)}`] : []),
       'servers:',
       ...lines,
       ...(options.extraServers ?? []),

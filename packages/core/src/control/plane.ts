@@ -111,6 +111,8 @@ export interface ControlPlaneOptions {
   leaseRetrySeconds?: number;
   logger?: Logger;
   storage?: ControlStorage;
+  /** `checkpoint.signing_key`: commits sign their manifests, restores refuse unsigned ones. */
+  signingKey?: Uint8Array;
 }
 
 /** The insertion-ordered memory of resumed checkpoint ids; the oldest is evicted when full. */
@@ -211,6 +213,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   readonly #leaseRetrySeconds: number;
   readonly #logger: Logger;
   readonly #storage: ControlStorage;
+  readonly #signingKey: Uint8Array | undefined;
   readonly #lock = new Mutex();
   readonly #resumed = new RecentIds(RESUMED_IDS_KEPT);
   /** Wakes prepares waiting for readiness when the checkpoint changes under them. */
@@ -246,6 +249,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       component: 'control-plane',
     });
     this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
+    this.#signingKey = options.signingKey;
   }
 
   // --- status and renew -----------------------------------------------------------------------
@@ -429,6 +433,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
             checkpointId: id,
             records,
             manifestExtra: this.participant.manifestExtra(),
+            signingKey: this.#signingKey,
             stop: current.writeStop,
           }),
         );
@@ -592,6 +597,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
             instance: this.participant.instance,
             select: (key) => scopeKeys.has(key),
             validate: (record, key) => this.participant.validateRecord(record, key),
+            signingKey: this.#signingKey,
           }),
         ));
         readAt = performance.now();
