@@ -40,7 +40,10 @@ export interface GymAppOptions<R extends CheckpointRecord> {
   checkpoint: CheckpointSettings | undefined;
   participant?: Participant<R>;
   logger?: Logger;
-  plane?: Omit<ControlPlaneOptions, 'leaseGraceSeconds' | 'logger' | 'signingKey'>;
+  plane?: Omit<
+    ControlPlaneOptions,
+    'leaseGraceSeconds' | 'logger' | 'signingKey' | 'fileMode' | 'dirMode'
+  >;
 }
 
 export interface GymApp<R extends CheckpointRecord> {
@@ -98,6 +101,8 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
       ...options.plane,
       leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
       signingKey: options.checkpoint.signingKey,
+      fileMode: options.checkpoint.fileMode,
+      dirMode: options.checkpoint.dirMode,
       logger,
     });
     installControlPlane(app, plane, options.checkpoint.controlAuthToken, { logger });

@@ -41,6 +41,9 @@ export interface CheckpointBlock {
   readonly lease_grace_seconds: number;
   /** The secret that signs manifests; absent when the file does not set it. */
   readonly signing_key?: string;
+  /** Octal strings, as written (`"0600"`); absent: the store's defaults. */
+  readonly file_mode?: string;
+  readonly dir_mode?: string;
 }
 
 /** What a server needs when checkpointing is on; absent (undefined) when it is off. */
@@ -50,6 +53,10 @@ export interface CheckpointSettings {
   readonly leaseGraceSeconds: number;
   /** `checkpoint.signing_key` as bytes; absent when not set, and then manifests are not signed. */
   readonly signingKey?: Buffer;
+  /** Mode of the records files and manifests a commit writes; absent: the store's 0o600. */
+  readonly fileMode?: number;
+  /** Mode of the checkpoint directories a commit creates; absent: the store's 0o700. */
+  readonly dirMode?: number;
 }
 
 export interface TokenCaptureSettings {
@@ -118,6 +125,8 @@ const CHECKPOINT_SCHEMA = {
     },
     // No default: a block without it reads exactly as before.
     signing_key: { type: 'string' },
+    file_mode: { type: 'string' },
+    dir_mode: { type: 'string' },
   },
 } as const;
 
@@ -495,9 +504,12 @@ function stackProblems(raw: RawStack): string[] {
 }
 
 function checkpointProblems(block: CheckpointBlock): string[] {
-  const problems: string[] = [];
+  const problems = [
+    modeProblem('file_mode', block.file_mode, 0o600),
+    modeProblem('dir_mode', block.dir_mode, 0o700),
+  ].filter((problem) => problem !== undefined);
   if (block.enabled && !block.control_auth_token) {
-    problems.push('checkpoint.control_auth_token is required when checkpoint.enabled is true');
+    problems.unshift('checkpoint.control_auth_token is required when checkpoint.enabled is true');
   }
   const keyBytes =
     block.signing_key === undefined ? undefined : signingKeyBytes(block.signing_key).length;
@@ -508,6 +520,17 @@ function checkpointProblems(block: CheckpointBlock): string[] {
     );
   }
   return problems;
+}
+
+/** An octal string such as `"0600"` or `"640"`: a YAML `0600` would be the integer 600. */
+const OCTAL_MODE = /^0?[0-7]{3}$/;
+
+/** Why `mode` cannot be the store's: not octal, or not granting the owner `owner` (0600, 0700). */
+function modeProblem(key: string, mode: string | undefined, owner: number): string | undefined {
+  if (mode === undefined) return undefined;
+  if (OCTAL_MODE.test(mode) && (parseInt(mode, 8) & owner) === owner) return undefined;
+  const example = `0${owner.toString(8)}`;
+  return `checkpoint.${key}: must be an octal mode string including ${example} (like "${example}"), got ${JSON.stringify(mode)}`;
 }
 
 function referenceProblems(
@@ -613,6 +636,8 @@ function buildSettings(raw: RawStack, source: string, baseDir: string): StackSet
           ...(block.signing_key === undefined
             ? {}
             : { signingKey: signingKeyBytes(block.signing_key) }),
+          ...(block.file_mode === undefined ? {} : { fileMode: parseInt(block.file_mode, 8) }),
+          ...(block.dir_mode === undefined ? {} : { dirMode: parseInt(block.dir_mode, 8) }),
         }
       : undefined;
   const servers = new Map<string, ServerSettings>();

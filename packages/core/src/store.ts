@@ -5,12 +5,21 @@
  * the records file with its digest and line count, so a directory that holds a manifest never
  * changes. Writing and reading both stream: one record at a time, never the whole file in memory.
  * Every failure is a typed `invalid_checkpoint_state` (422) naming the file or the episode.
+ *
+ * A checkpoint directory is untrusted input. A restore reads only regular files, opened without
+ * following a symlink, from a participant directory whose real path is `<real checkpoint_dir>/gym/
+ * <kind>/<instance>`: `checkpoint_dir` itself may be a symlink, nothing below it may. It reads at
+ * most the bytes the manifest declares (`records_bytes`; a manifest without it, as Python writes,
+ * is bounded by the file's size), never more than MAX_RECORDS_BYTES, holding two read chunks and
+ * one line of at most MAX_RECORD_LINE_BYTES beyond the records it keeps. Files are written 0600
+ * and the directories the store creates 0700 unless the caller names other modes.
  */
 import { isUtf8 } from 'node:buffer';
 import { createHash, randomBytes, type Hash } from 'node:crypto';
 import type { FileHandle } from 'node:fs/promises';
-import { link, mkdir, open, readFile, rename, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { constants } from 'node:fs';
+import { chmod, link, mkdir, open, realpath, rename, unlink } from 'node:fs/promises';
+import { join, relative, sep } from 'node:path';
 
 import { CheckpointStateError } from './errors.js';
 import { fsyncDirectory, parentsUpTo } from './fsync.js';
@@ -32,6 +41,15 @@ export const MANIFEST_FILE = 'manifest.json';
 export const SAFE_NAME_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 /** `records.jsonl` is the legacy name, still accepted on read. */
 export const RECORDS_FILE_PATTERN = /^records(-[0-9a-f]{64})?\.jsonl$/;
+/** Modes of what a commit writes: as private as the data (NeMo Gym writes its files 0600). */
+export const DEFAULT_STATE_FILE_MODE = 0o600;
+export const DEFAULT_STATE_DIR_MODE = 0o700;
+/** A manifest is a few hundred bytes plus the participant's extras. */
+export const MAX_MANIFEST_BYTES = 1 << 20;
+/** One record line (a model's rows of a long rollout are a few MB). */
+export const MAX_RECORD_LINE_BYTES = 64 << 20;
+/** A records file: far beyond any real export, and a bound on what a restore will read. */
+export const MAX_RECORDS_BYTES = 64 * 2 ** 30;
 
 /**
  * A record's fields after `episode_id` as JSON text pieces (`"a":1`, `,"b":`, `[2]`), written in
@@ -58,6 +76,8 @@ export interface Manifest {
   records_file: string;
   records_sha256: string;
   record_count: number;
+  /** The records file's size; absent in manifests written before it (and by NeMo Gym). */
+  records_bytes?: number;
   [extra: string]: unknown;
 }
 
@@ -69,6 +89,7 @@ const BASE_MANIFEST_KEYS = [
   'records_file',
   'records_sha256',
   'record_count',
+  'records_bytes',
 ] as const;
 
 /** `<checkpointDir>/gym/<kind>/<instance>`; a name that is not one safe path component is refused. */
@@ -126,6 +147,12 @@ export interface WriteParticipantStateOptions {
   /** `checkpoint.signing_key`: when set, the manifest carries its MAC (see signing.ts). */
   signingKey?: Uint8Array;
   stop?: WriteStop;
+  /** Mode of the records file and the manifest; default DEFAULT_STATE_FILE_MODE. */
+  fileMode?: number;
+  /** Mode of each directory the write creates; default DEFAULT_STATE_DIR_MODE. */
+  dirMode?: number;
+  /** Syncs a directory's entries; injectable so a test can fail one (default fsyncDirectory). */
+  syncDirectory?: (dir: string) => Promise<void>;
 }
 
 /**
@@ -139,45 +166,38 @@ export async function writeParticipantState(opts: WriteParticipantStateOptions):
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
   const extra = manifestExtra(opts.manifestExtra);
   const stop = opts.stop ?? new WriteStop();
+  const fileMode = opts.fileMode ?? DEFAULT_STATE_FILE_MODE;
+  const syncDirectory = opts.syncDirectory ?? fsyncDirectory;
   const recordsTemp = join(dir, `.records.jsonl.${randomSuffix()}`);
   const manifestTemp = join(dir, `.manifest.json.${randomSuffix()}`);
   const manifestPath = join(dir, MANIFEST_FILE);
   let recordsPath: string | undefined; // set once our records file carries its final name
   let published = false;
   try {
-    await mkdir(dir, { recursive: true });
+    await makeDirectories(dir, opts.dirMode ?? DEFAULT_STATE_DIR_MODE);
     // The directories' own names are made durable while the records are written.
-    const parentsSynced = Promise.all(parentsUpTo(dir, opts.checkpointDir).map(fsyncDirectory));
+    const parentsSynced = Promise.all(parentsUpTo(dir, opts.checkpointDir).map(syncDirectory));
     parentsSynced.catch(() => undefined); // awaited below; an early failure must not go unhandled
-    const { digest, count } = await writeRecordsFile(
+    const written = await writeRecordsFile(
       recordsTemp,
       opts.records,
       stop,
       opts.checkpointId,
+      fileMode,
     ).finally(() => parentsSynced);
-    const recordsFile = `records-${digest}.jsonl`;
-    const unsigned: Manifest = {
-      schema_version: STATE_SCHEMA_VERSION,
-      kind: opts.kind,
-      instance: opts.instance,
-      checkpoint_id: opts.checkpointId,
-      records_file: recordsFile,
-      records_sha256: digest,
-      record_count: count,
-      ...extra,
-    };
-    const manifest = opts.signingKey ? signed(opts.signingKey, unsigned) : unsigned;
+    const manifest = buildManifest(opts, written, extra);
     const manifestText = manifestJson(manifest);
-    await writeSynced(manifestTemp, manifestText);
+    await writeSynced(manifestTemp, manifestText, fileMode);
     published = await stop.locked(async () => {
       if (stop.stopped) throw stoppedError(opts.checkpointId);
-      await rename(recordsTemp, join(dir, recordsFile)); // same name means same bytes: replacing is safe
-      recordsPath = join(dir, recordsFile);
-      await fsyncDirectory(dir);
+      // Same name means same bytes: replacing is safe.
+      await rename(recordsTemp, join(dir, manifest.records_file));
+      recordsPath = join(dir, manifest.records_file);
+      await syncDirectory(dir);
       return createOnce(manifestTemp, manifestPath);
     });
     if (published) {
-      await fsyncDirectory(dir);
+      await syncDirectory(dir);
       return manifest;
     }
     const existing = await loadExisting(manifestPath);
@@ -186,12 +206,48 @@ export async function writeParticipantState(opts: WriteParticipantStateOptions):
     }
     throw new CheckpointStateError(`${manifestPath} already holds a different commit`);
   } catch (err) {
-    if (!published && recordsPath !== undefined)
-      await discardUnlessPublished(recordsPath, manifestPath);
+    // A manifest whose name may not be durable is withdrawn with its records: never half a commit.
+    if (published) await removeQuietly(manifestPath);
+    if (recordsPath !== undefined) await discardUnlessPublished(recordsPath, manifestPath);
     throw asStateError(err, `cannot write checkpoint state under ${dir}`);
   } finally {
     await removeQuietly(recordsTemp);
     await removeQuietly(manifestTemp);
+  }
+}
+
+/** The manifest of a write: the base keys, then the participant's extras. */
+function buildManifest(
+  opts: WriteParticipantStateOptions,
+  written: { digest: string; count: number; bytes: number },
+  extra: JsonObject,
+): Manifest {
+  const unsigned: Manifest = {
+    schema_version: STATE_SCHEMA_VERSION,
+    kind: opts.kind,
+    instance: opts.instance,
+    checkpoint_id: opts.checkpointId,
+    records_file: `records-${written.digest}.jsonl`,
+    records_sha256: written.digest,
+    record_count: written.count,
+    records_bytes: written.bytes,
+    ...extra,
+  };
+  return opts.signingKey ? signed(opts.signingKey, unsigned) : unsigned;
+}
+
+/**
+ * `mkdir -p dir`, giving each directory it creates `mode` whatever the umask (existing ones keep
+ * theirs: they may be shared).
+ */
+async function makeDirectories(dir: string, mode: number): Promise<void> {
+  const first = await mkdir(dir, { recursive: true, mode });
+  if (first === undefined) return;
+  let current = first;
+  await chmod(current, mode);
+  for (const name of relative(first, dir).split(sep).filter(Boolean)) {
+    current = join(current, name);
+    await chmod(current, mode);
   }
 }
 
@@ -221,9 +277,11 @@ async function writeRecordsFile(
   records: Iterable<CheckpointRecord> | AsyncIterable<CheckpointRecord>,
   stop: WriteStop,
   checkpointId: string,
-): Promise<{ digest: string; count: number }> {
-  const handle = await open(path, 'wx');
+  mode: number,
+): Promise<{ digest: string; count: number; bytes: number }> {
+  const handle = await open(path, 'wx', mode);
   try {
+    await handle.chmod(mode); // the umask may have narrowed or the caller widened it
     const out = new BatchedFileWriter(handle);
     let count = 0;
     const put = (record: CheckpointRecord) => {
@@ -245,7 +303,7 @@ async function writeRecordsFile(
     }
     const digest = await out.finish();
     await handle.sync();
-    return { digest, count };
+    return { digest, count, bytes: out.bytesWritten };
   } finally {
     await handle.close(); // waits for writes still in flight after a failure
   }
@@ -334,6 +392,11 @@ class BatchedFileWriter implements TextSink {
     if (this.#pending.length >= PENDING_CHARS) this.#flushPending();
   }
 
+  /** Bytes submitted so far: the file's size once `finish()` resolves. */
+  get bytesWritten(): number {
+    return this.#position;
+  }
+
   /** True when the caller should `await throttle()` before putting more. */
   get mustWait(): boolean {
     return this.#inFlight.length > WRITES_IN_FLIGHT || this.#failure !== undefined;
@@ -412,9 +475,10 @@ async function writeAll(handle: FileHandle, bytes: Buffer, position: number): Pr
   }
 }
 
-async function writeSynced(path: string, text: string): Promise<void> {
-  const handle = await open(path, 'wx');
+async function writeSynced(path: string, text: string, mode: number): Promise<void> {
+  const handle = await open(path, 'wx', mode);
   try {
+    await handle.chmod(mode);
     await writeAll(handle, Buffer.from(text, 'utf8'), 0);
     await handle.sync();
   } finally {
@@ -436,7 +500,7 @@ async function createOnce(temp: string, path: string): Promise<boolean> {
 /** The manifest at `path` as JSON, or undefined when it is unreadable or not JSON. */
 async function loadExisting(path: string): Promise<JsonValue | undefined> {
   try {
-    return decodeJson(await readFile(path, 'utf8'));
+    return decodeJson(await readManifestText(path));
   } catch {
     return undefined;
   }
@@ -508,13 +572,21 @@ export async function readParticipantState<R>(
   opts: ReadParticipantStateOptions<R>,
 ): Promise<{ manifest: Manifest; records: R[] }> {
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
+  const manifestPath = join(dir, MANIFEST_FILE);
   try {
-    const manifest = await readManifest(join(dir, MANIFEST_FILE), opts.kind, opts.instance);
-    if (opts.signingKey) verifyManifestMac(opts.signingKey, manifest, join(dir, MANIFEST_FILE));
+    await checkNoSymlinkBelow(opts.checkpointDir, dir, manifestPath);
+    const manifest = validManifest(
+      await readManifestText(manifestPath),
+      manifestPath,
+      opts.kind,
+      opts.instance,
+    );
+    if (opts.signingKey) verifyManifestMac(opts.signingKey, manifest, manifestPath);
     const recordsPath = join(dir, manifest.records_file);
     const records: R[] = [];
-    const { digest, count } = await scanLines(recordsPath, (line) => {
-      const record = readRecord(line, recordsPath, opts.select, opts.validate);
+    const lineOf = new Map<string, number>(); // every episode's line: one record per episode
+    const { digest, count } = await scanRecordsFile(recordsPath, manifest, (line) => {
+      const record = readRecord(line, recordsPath, lineOf, opts.select, opts.validate);
       if (record !== SKIPPED) records.push(record);
     });
     if (digest !== manifest.records_sha256) {
@@ -531,19 +603,106 @@ export async function readParticipantState<R>(
   }
 }
 
-async function readManifest(path: string, kind: string, instance: string): Promise<Manifest> {
-  let text: string;
+/**
+ * The participant directory must be `gym/<kind>/<instance>` of the real checkpoint directory:
+ * `checkpoint_dir` may be a symlink (a `latest` link), but a symlinked `gym/`, kind or instance
+ * directory would restore another checkpoint's state under this one's name.
+ */
+async function checkNoSymlinkBelow(
+  checkpointDir: string,
+  dir: string,
+  manifestPath: string,
+): Promise<void> {
+  let real: string;
+  let top: string;
   try {
-    text = await readFile(path, 'utf8');
+    [real, top] = await Promise.all([realpath(dir), realpath(checkpointDir)]);
+  } catch (err) {
+    if (errnoCode(err) === 'ENOENT')
+      throw new CheckpointStateError(`missing manifest ${manifestPath}`);
+    throw err;
+  }
+  const expected = join(top, relative(checkpointDir, dir));
+  if (real !== expected) {
+    throw new CheckpointStateError(
+      `${dir} resolves to ${real}: a participant directory must not be reached through a symlink`,
+    );
+  }
+}
+
+/**
+ * Opens `path` for reading only if it is a regular file in its directory: never through a
+ * symlink, and a FIFO or device is refused without blocking (O_NONBLOCK), checked on the open
+ * handle so nothing can swap the file between the check and the read.
+ */
+async function openRegularFile(path: string): Promise<{ handle: FileHandle; size: number }> {
+  let handle: FileHandle;
+  try {
+    handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
+  } catch (err) {
+    if (errnoCode(err) === 'ELOOP') {
+      throw new CheckpointStateError(
+        `${path} is a symlink: checkpoint files must be regular files in the participant directory`,
+      );
+    }
+    throw err;
+  }
+  try {
+    const stats = await handle.stat();
+    if (!stats.isFile()) {
+      throw new CheckpointStateError(
+        `${path} is not a regular file: checkpoint files must be regular files`,
+      );
+    }
+    return { handle, size: stats.size };
+  } catch (err) {
+    await handle.close();
+    throw err;
+  }
+}
+
+/** The manifest's text, read from a regular file of at most MAX_MANIFEST_BYTES. */
+async function readManifestText(path: string): Promise<string> {
+  let opened: { handle: FileHandle; size: number };
+  try {
+    opened = await openRegularFile(path);
   } catch (err) {
     if (errnoCode(err) === 'ENOENT') throw new CheckpointStateError(`missing manifest ${path}`);
     throw err;
   }
+  const { handle, size } = opened;
+  try {
+    if (size > MAX_MANIFEST_BYTES) {
+      throw new CheckpointStateError(
+        `${path} is ${size} bytes: a manifest may hold at most ${MAX_MANIFEST_BYTES}`,
+      );
+    }
+    const bytes = Buffer.alloc(size);
+    let read = 0;
+    while (read < size) {
+      const { bytesRead } = await handle.read(bytes, read, size - read, read);
+      if (bytesRead === 0) break;
+      read += bytesRead;
+    }
+    return bytes.toString('utf8', 0, read);
+  } finally {
+    await handle.close();
+  }
+}
+
+/** The manifest in `text`, checked strictly: one manifest, of this participant, naming its records. */
+function validManifest(text: string, path: string, kind: string, instance: string): Manifest {
   let value: JsonValue;
   try {
     value = decodeJson(text);
   } catch (err) {
     throw new CheckpointStateError(`${path} is not JSON: ${describe(err)}`, { cause: err });
+  }
+  const duplicate = duplicateKey(text);
+  if (duplicate !== undefined) {
+    throw new CheckpointStateError(
+      `${path} gives the key ${JSON.stringify(duplicate)} twice: a manifest's keys must be unique`,
+    );
   }
   if (!isJsonObject(value)) throw new CheckpointStateError(`${path} is not a manifest`);
   if (value.schema_version !== STATE_SCHEMA_VERSION) {
@@ -568,11 +727,50 @@ async function readManifest(path: string, kind: string, instance: string): Promi
   if (typeof value.records_sha256 !== 'string') {
     throw new CheckpointStateError(`${path} names no records digest`);
   }
-  const recordCount = value.record_count;
-  if (typeof recordCount !== 'number' || !Number.isSafeInteger(recordCount) || recordCount < 0) {
+  if (!isCount(value.record_count)) {
     throw new CheckpointStateError(`${path} names no record count`);
   }
+  if (value.records_bytes !== undefined && !isCount(value.records_bytes)) {
+    throw new CheckpointStateError(`${path} names an invalid records size`);
+  }
   return value as Manifest;
+}
+
+function isCount(value: JsonValue | undefined): value is number {
+  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
+}
+
+/**
+ * The first key given twice in one object of `text` (valid JSON), compared after unescaping;
+ * `JSON.parse` silently keeps the last.
+ */
+function duplicateKey(text: string): string | undefined {
+  const objects: (Set<string> | null)[] = []; // null for an array
+  let expectKey = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '{' || c === '[') {
+      objects.push(c === '{' ? new Set() : null);
+      expectKey = c === '{';
+    } else if (c === '}' || c === ']') {
+      objects.pop();
+      expectKey = false;
+    } else if (c === ',') {
+      expectKey = objects.at(-1) != null;
+    } else if (c === '"') {
+      let end = i + 1;
+      while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+      const keys = objects.at(-1);
+      if (expectKey && keys) {
+        const key = JSON.parse(text.slice(i, end + 1)) as string;
+        if (keys.has(key)) return key;
+        keys.add(key);
+        expectKey = false;
+      }
+      i = end;
+    }
+  }
+  return undefined;
 }
 
 const SKIPPED = Symbol('out of scope');
@@ -581,6 +779,7 @@ const SKIPPED = Symbol('out of scope');
 function readRecord<R>(
   line: Line,
   recordsPath: string,
+  lineOf: Map<string, number>,
   select: (key: string, episode: EpisodeId) => boolean,
   validate: (record: JsonObject, key: string) => R,
 ): R | typeof SKIPPED {
@@ -592,6 +791,13 @@ function readRecord<R>(
   }
   const episode = validEpisode(episodeValue, ` (line ${line.number} of ${recordsPath})`);
   const key = captureKey(episode);
+  const earlier = lineOf.get(key);
+  if (earlier !== undefined) {
+    throw new CheckpointStateError(
+      `${recordsPath} holds episode '${key}' twice (lines ${earlier} and ${line.number}): one record per episode`,
+    );
+  }
+  lineOf.set(key, line.number);
   if (!select(key, episode)) return SKIPPED;
   record ??= decodeLine(line, recordsPath);
   try {
@@ -628,57 +834,103 @@ interface Line {
 const READ_CHUNK_BYTES = 2 << 20;
 
 /**
- * Reads `path` once in large chunks, calling `onLine` for every `\n`-terminated line (and a last
- * unterminated one), and returns the SHA-256 and line count of the whole file.
+ * Opens the records file (a regular file of the size the manifest declares, at most
+ * MAX_RECORDS_BYTES) and scans it.
  */
-async function scanLines(
+async function scanRecordsFile(
   path: string,
+  manifest: Manifest,
   onLine: (line: Line) => void,
 ): Promise<{ digest: string; count: number }> {
-  const handle = await open(path, 'r');
+  const { handle, size } = await openRegularFile(path);
   try {
-    const hash = createHash('sha256');
-    const buffers = [
-      Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
-      Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
-    ];
-    const read = (index: number, position: number) =>
-      handle.read(buffers[index % 2] as Buffer, 0, READ_CHUNK_BYTES, position);
-    let position = 0;
-    let next = read(0, position);
-    let carry: Buffer[] = []; // a line split across chunks, copied out of the reused buffers
-    let count = 0;
-    for (let index = 0; ; index++) {
-      const { bytesRead, buffer } = await next;
-      if (bytesRead === 0) break;
-      position += bytesRead;
-      next = read(index + 1, position);
-      next.catch(() => undefined); // awaited next round; a failure meanwhile must not go unhandled
-      const chunk = buffer.subarray(0, bytesRead);
-      hash.update(chunk);
-      let start = 0;
-      for (let end = chunk.indexOf(0x0a); end !== -1; end = chunk.indexOf(0x0a, start)) {
-        count += 1;
-        if (carry.length > 0) {
-          const joined = Buffer.concat([...carry, chunk.subarray(start, end)]);
-          carry = [];
-          onLine({ bytes: joined, start: 0, end: joined.length, number: count });
-        } else {
-          onLine({ bytes: chunk, start, end, number: count });
-        }
-        start = end + 1;
-      }
-      if (start < bytesRead) carry.push(Buffer.from(chunk.subarray(start)));
+    const declared = manifest.records_bytes;
+    if (declared !== undefined && size !== declared) {
+      throw new CheckpointStateError(
+        `${path} is ${size} bytes, its manifest declares records_bytes ${declared}`,
+      );
     }
-    if (carry.length > 0) {
-      count += 1;
-      const last = Buffer.concat(carry);
-      onLine({ bytes: last, start: 0, end: last.length, number: count });
+    if (size > MAX_RECORDS_BYTES) {
+      throw new CheckpointStateError(
+        `${path} is ${size} bytes: a records file may hold at most ${MAX_RECORDS_BYTES}`,
+      );
     }
-    return { digest: hash.digest('hex'), count };
+    return await scanLines(handle, size, path, onLine);
   } finally {
     await handle.close();
   }
+}
+
+/**
+ * Reads the first `size` bytes of `handle` once in large chunks, calling `onLine` for every
+ * `\n`-terminated line (and a last unterminated one), and returns the SHA-256 and line count of
+ * those bytes. A line longer than MAX_RECORD_LINE_BYTES is refused as soon as it is.
+ */
+async function scanLines(
+  handle: FileHandle,
+  size: number,
+  path: string,
+  onLine: (line: Line) => void,
+): Promise<{ digest: string; count: number }> {
+  const hash = createHash('sha256');
+  if (size === 0) return { digest: hash.digest('hex'), count: 0 };
+  const buffers = [
+    Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
+    Buffer.allocUnsafeSlow(READ_CHUNK_BYTES),
+  ];
+  const read = (index: number, position: number) =>
+    handle.read(
+      buffers[index % 2] as Buffer,
+      0,
+      Math.min(READ_CHUNK_BYTES, size - position),
+      position,
+    );
+  let position = 0;
+  let next = read(0, position);
+  let carry: Buffer[] = []; // a line split across chunks, copied out of the reused buffers
+  let carried = 0;
+  let count = 0;
+  for (let index = 0; position < size; index++) {
+    const { bytesRead, buffer } = await next;
+    if (bytesRead === 0) {
+      throw new CheckpointStateError(`${path} ended after ${position} of its ${size} bytes`);
+    }
+    position += bytesRead;
+    if (position < size) {
+      next = read(index + 1, position);
+      next.catch(() => undefined); // awaited next round; a failure meanwhile must not go unhandled
+    }
+    const chunk = buffer.subarray(0, bytesRead);
+    hash.update(chunk);
+    let start = 0;
+    for (let end = chunk.indexOf(0x0a); end !== -1; end = chunk.indexOf(0x0a, start)) {
+      count += 1;
+      if (carry.length > 0) {
+        const joined = Buffer.concat([...carry, chunk.subarray(start, end)]);
+        carry = [];
+        carried = 0;
+        onLine({ bytes: joined, start: 0, end: joined.length, number: count });
+      } else {
+        onLine({ bytes: chunk, start, end, number: count });
+      }
+      start = end + 1;
+    }
+    if (start < bytesRead) {
+      carried += bytesRead - start;
+      if (carried > MAX_RECORD_LINE_BYTES) {
+        throw new CheckpointStateError(
+          `${path} line ${count + 1} is longer than ${MAX_RECORD_LINE_BYTES} bytes, the most a record may hold`,
+        );
+      }
+      carry.push(Buffer.from(chunk.subarray(start)));
+    }
+  }
+  if (carry.length > 0) {
+    count += 1;
+    const last = Buffer.concat(carry);
+    onLine({ bytes: last, start: 0, end: last.length, number: count });
+  }
+  return { digest: hash.digest('hex'), count };
 }
 
 // --- the episode of a line without decoding it ------------------------------------------------------

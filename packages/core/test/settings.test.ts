@@ -139,7 +139,7 @@ describe('checkpoint block', () => {
   it('refuses an unknown key even when checkpointing is disabled, naming the key', () => {
     const err = refusal(stack({ top: 'checkpoint: { enabled: false, lease_grace: 10 }' }));
     expect(err.message).toBe(
-      `${SOURCE}: checkpoint.lease_grace: unknown key (allowed: enabled, control_auth_token, lease_grace_seconds, signing_key)`,
+      `${SOURCE}: checkpoint.lease_grace: unknown key (allowed: enabled, control_auth_token, lease_grace_seconds, signing_key, file_mode, dir_mode)`,
     );
   });
 
@@ -178,6 +178,56 @@ describe('checkpoint block', () => {
       }),
     );
     expect(on.checkpoint).toEqual({ enabled: true, controlAuthToken: 't', leaseGraceSeconds: 1.5 });
+  });
+});
+
+describe('checkpoint file and directory modes', () => {
+  it('passes octal mode strings to CheckpointSettings as numbers', () => {
+    const on = parse(
+      stack({
+        top: 'checkpoint: { enabled: true, control_auth_token: t, file_mode: "0640", dir_mode: "750" }',
+      }),
+    );
+    expect(on.checkpoint).toMatchObject({ fileMode: 0o640, dirMode: 0o750 });
+    expect(on.checkpointBlock).toMatchObject({ file_mode: '0640', dir_mode: '750' });
+  });
+
+  it('leaves them unset when the file does, so the store keeps 0600 and 0700', () => {
+    const on = parse(stack({ top: 'checkpoint: { enabled: true, control_auth_token: t }' }));
+    expect(on.checkpoint).not.toHaveProperty('fileMode');
+    expect(on.checkpoint).not.toHaveProperty('dirMode');
+  });
+
+  it.each([
+    [
+      'file_mode',
+      '"0400"',
+      'must be an octal mode string including 0600 (like "0600"), got "0400"',
+    ],
+    [
+      'file_mode',
+      '"0648"',
+      'must be an octal mode string including 0600 (like "0600"), got "0648"',
+    ],
+    [
+      'file_mode',
+      '"rw-------"',
+      'must be an octal mode string including 0600 (like "0600"), got "rw-------"',
+    ],
+    ['dir_mode', '"0600"', 'must be an octal mode string including 0700 (like "0700"), got "0600"'],
+    [
+      'dir_mode',
+      '"01777"',
+      'must be an octal mode string including 0700 (like "0700"), got "01777"',
+    ],
+  ])('refuses %s %s even when disabled', (key, value, message) => {
+    const err = refusal(stack({ top: `checkpoint: { ${key}: ${value} }` }));
+    expect(err.message).toBe(`${SOURCE}: checkpoint.${key}: ${message}`);
+  });
+
+  it('refuses an unquoted YAML number, which would not be read as octal', () => {
+    const err = refusal(stack({ top: 'checkpoint: { file_mode: 0600 }' }));
+    expect(err.message).toContain('checkpoint.file_mode: must be string');
   });
 });
 

@@ -156,6 +156,7 @@ describe('layout and manifest', () => {
       records_file: `records-${digest}.jsonl`,
       records_sha256: digest,
       record_count: 2,
+      records_bytes: Buffer.byteLength(text),
     });
     expect(await files()).toEqual([MANIFEST_FILE, `records-${digest}.jsonl`]);
   });
@@ -180,6 +181,7 @@ describe('layout and manifest', () => {
         ` "instance": "${INSTANCE}",`,
         ` "kind": "${KIND}",`,
         ' "record_count": 1,',
+        ` "records_bytes": ${manifest.records_bytes},`,
         ` "records_file": "${manifest.records_file}",`,
         ` "records_sha256": "${manifest.records_sha256}",`,
         ' "schema_version": 1,',

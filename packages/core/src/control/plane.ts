@@ -113,6 +113,9 @@ export interface ControlPlaneOptions {
   storage?: ControlStorage;
   /** `checkpoint.signing_key`: commits sign their manifests, restores refuse unsigned ones. */
   signingKey?: Uint8Array;
+  /** `checkpoint.file_mode` / `dir_mode`: the modes a commit writes with (the store's defaults). */
+  fileMode?: number;
+  dirMode?: number;
 }
 
 /** The insertion-ordered memory of resumed checkpoint ids; the oldest is evicted when full. */
@@ -214,6 +217,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   readonly #logger: Logger;
   readonly #storage: ControlStorage;
   readonly #signingKey: Uint8Array | undefined;
+  readonly #modes: { fileMode?: number; dirMode?: number };
   readonly #lock = new Mutex();
   readonly #resumed = new RecentIds(RESUMED_IDS_KEPT);
   /** Wakes prepares waiting for readiness when the checkpoint changes under them. */
@@ -250,6 +254,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     });
     this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
     this.#signingKey = options.signingKey;
+    this.#modes = { fileMode: options.fileMode, dirMode: options.dirMode };
   }
 
   // --- status and renew -----------------------------------------------------------------------
@@ -434,6 +439,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
             records,
             manifestExtra: this.participant.manifestExtra(),
             signingKey: this.#signingKey,
+            ...this.#modes,
             stop: current.writeStop,
           }),
         );

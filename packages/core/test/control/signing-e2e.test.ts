@@ -1,10 +1,11 @@
 /**
- * `checkpoint.signing_key` end to end: gym apps built from a parsed stack file (so the key goes
- * settings → createGymApp → control plane → store), a real commit over HTTP, a forgery on disk,
- * and restores into fresh participants with and without the key.
+ * The stack file's checkpoint block end to end: gym apps built from a parsed stack file (so
+ * `signing_key`, `file_mode` and `dir_mode` go settings → createGymApp → control plane → store), a
+ * real commit over HTTP, a forgery on disk, and restores into fresh participants with and without
+ * the key.
  */
 import { createHash } from 'node:crypto';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -42,12 +43,13 @@ afterEach(async () => {
 });
 
 /** A fresh server process's participant, from a stack file with or without the signing key. */
-async function serve(signed: boolean): Promise<Served> {
+async function serve(signed: boolean, checkpointLines: string[] = []): Promise<Served> {
   const text = [
     'checkpoint:',
     '  enabled: true',
     `  control_auth_token: ${TOKEN}`,
     ...(signed ? ['  signing_key: "${CKPT_GYM_SIGNING_KEY}"'] : []),
+    ...checkpointLines,
     'servers:',
     `  ${NAME}: { kind: ${KIND}, app: counter, port: 0 }`,
     '',
@@ -87,8 +89,8 @@ const checkpointDir = () => join(root, 'ckpt-1');
 const manifestPath = () => join(participantDir(checkpointDir(), KIND, NAME), MANIFEST_FILE);
 
 /** Two parked counter episodes committed over HTTP by a server with or without the key. */
-async function commitCheckpoint(signed: boolean): Promise<void> {
-  const server = await serve(signed);
+async function commitCheckpoint(signed: boolean, checkpointLines: string[] = []): Promise<void> {
+  const server = await serve(signed, checkpointLines);
   server.participant.start('r1', 'parked', { count: 1111 });
   server.participant.start('r2', 'parked', { count: 2222 });
   expect((await control(server, 'prepare', { checkpoint_id: 'ckpt-1' })).status).toBe(200);
@@ -161,4 +163,27 @@ test('with the key, an unsigned checkpoint is refused', async () => {
   expect(refused.status).toBe(422);
   expect((refused.body.error as { detail: string }).detail).toContain('carries no MAC');
   expect(fresh.participant.calls.install).toBe(0);
+});
+
+describe('file modes', () => {
+  async function modes(): Promise<{ manifest: number; records: number; dir: number }> {
+    const dir = participantDir(checkpointDir(), KIND, NAME);
+    const manifest = JSON.parse(await readFile(manifestPath(), 'utf8')) as { records_file: string };
+    const mode = async (path: string) => (await stat(path)).mode & 0o777;
+    return {
+      manifest: await mode(manifestPath()),
+      records: await mode(join(dir, manifest.records_file)),
+      dir: await mode(dir),
+    };
+  }
+
+  test('a commit writes records and manifest 0600 in directories 0700 by default', async () => {
+    await commitCheckpoint(false);
+    expect(await modes()).toEqual({ manifest: 0o600, records: 0o600, dir: 0o700 });
+  });
+
+  test("the stack file's file_mode and dir_mode reach the files a commit writes", async () => {
+    await commitCheckpoint(false, ['  file_mode: "0640"', '  dir_mode: "0750"']);
+    expect(await modes()).toEqual({ manifest: 0o640, records: 0o640, dir: 0o750 });
+  });
 });
