@@ -6,7 +6,13 @@
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { type EpisodeId, fsyncDirectory, parseCaptureKey } from '@ckpt-gym/core';
+import {
+  CheckpointStateError,
+  type EpisodeId,
+  type ExpectedCheckpoint,
+  fsyncDirectory,
+  parseCaptureKey,
+} from '@ckpt-gym/core';
 
 import { CliFailure } from './context.js';
 import { keysOf } from './scope.js';
@@ -61,30 +67,92 @@ export async function publish(dir: string, record: ControllerRecord): Promise<st
   return path;
 }
 
-/** The scope a restore continues, from a published record; a missing or bad file is a failure. */
-export async function publishedScope(dir: string): Promise<EpisodeId[]> {
+/** A rule `record` breaks, or undefined when it is a valid controller record. */
+function controllerRecordRefusal(record: unknown): string | undefined {
+  if (typeof record !== 'object' || record === null || Array.isArray(record)) {
+    return 'is not a JSON object';
+  }
+  const r = record as Record<string, unknown>;
+  if (r.schema_version !== CONTROLLER_SCHEMA_VERSION) {
+    return `has schema_version ${JSON.stringify(r.schema_version ?? null)}, not ${CONTROLLER_SCHEMA_VERSION}`;
+  }
+  if (typeof r.checkpoint_id !== 'string' || r.checkpoint_id === '')
+    return 'names no checkpoint_id';
+  if (typeof r.published_at !== 'number' || !Number.isFinite(r.published_at)) {
+    return 'has no published_at time';
+  }
+  for (const field of ['episode_ids', 'restarts'] as const) {
+    const keys = r[field];
+    if (!Array.isArray(keys) || !keys.every((key) => typeof key === 'string')) {
+      return `has no ${field} list of capture keys`;
+    }
+    for (const key of keys as string[]) {
+      try {
+        parseCaptureKey(key);
+      } catch (err) {
+        return `lists the bad capture key ${JSON.stringify(key)} in ${field}: ${(err as Error).message}`;
+      }
+    }
+    if (new Set(keys).size !== keys.length) return `lists an episode twice in ${field}`;
+  }
+  const restarts = new Set(r.restarts as string[]);
+  const both = (r.episode_ids as string[]).find((key) => restarts.has(key));
+  if (both !== undefined) return `lists ${JSON.stringify(both)} both as continued and as a restart`;
+  const counts = r.record_counts;
+  if (
+    typeof counts !== 'object' ||
+    counts === null ||
+    Array.isArray(counts) ||
+    !Object.values(counts).every((n) => Number.isSafeInteger(n) && (n as number) >= 0)
+  ) {
+    return 'has no record_counts of whole numbers per server';
+  }
+  return undefined;
+}
+
+/** Parses a published record strictly; a bad one is `invalid_checkpoint_state` naming `path`. */
+export function parseControllerRecord(text: string, path: string): ControllerRecord {
+  let record: unknown;
+  try {
+    record = JSON.parse(text);
+  } catch (err) {
+    throw new CheckpointStateError(`${path} is not JSON: ${(err as Error).message}`);
+  }
+  const refusal = controllerRecordRefusal(record);
+  if (refusal !== undefined) throw new CheckpointStateError(`${path} ${refusal}`);
+  return record as ControllerRecord;
+}
+
+/** The published record in `dir`: undefined when there is none, a refusal when it is bad. */
+export async function readControllerRecord(dir: string): Promise<ControllerRecord | undefined> {
   const path = join(dir, CONTROLLER_FILE);
   let text: string;
   try {
     text = await readFile(path, 'utf8');
   } catch (err) {
-    throw new CliFailure(
-      `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}); ` +
-        'name the restore scope with --episodes',
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new CheckpointStateError(
+      `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`,
     );
   }
-  try {
-    const record = JSON.parse(text) as Partial<ControllerRecord> | null;
-    if (
-      record?.schema_version !== CONTROLLER_SCHEMA_VERSION ||
-      !Array.isArray(record.episode_ids)
-    ) {
-      throw new Error(`not a schema_version ${CONTROLLER_SCHEMA_VERSION} record with episode_ids`);
-    }
-    return record.episode_ids.map((key) => parseCaptureKey(String(key)));
-  } catch (err) {
+  return parseControllerRecord(text, path);
+}
+
+/** What every manifest must agree with: the record's checkpoint id and record counts. */
+export function expectedCheckpoint(dir: string, record: ControllerRecord): ExpectedCheckpoint {
+  return {
+    source: join(dir, CONTROLLER_FILE),
+    checkpointId: record.checkpoint_id,
+    recordCounts: record.record_counts,
+  };
+}
+
+/** The scope a restore continues, from a published record; a missing file is a failure. */
+export function publishedScope(dir: string, record: ControllerRecord | undefined): EpisodeId[] {
+  if (record === undefined) {
     throw new CliFailure(
-      `${path}: ${(err as Error).message}; name the restore scope with --episodes`,
+      `cannot read ${join(dir, CONTROLLER_FILE)} (ENOENT); name the restore scope with --episodes`,
     );
   }
+  return record.episode_ids.map(parseCaptureKey);
 }
