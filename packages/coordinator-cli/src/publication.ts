@@ -31,6 +31,8 @@ export interface ControllerRecord {
   readonly restarts: string[];
   /** Record count per participant (server name). */
   readonly record_counts: Record<string, number>;
+  /** The capture keys each participant (server name) exported; absent in older records. */
+  readonly episodes_by_server?: Record<string, string[]>;
 }
 
 export function controllerRecord(parts: {
@@ -39,6 +41,7 @@ export function controllerRecord(parts: {
   scope: readonly EpisodeId[];
   restarts: readonly string[];
   recordCounts: Record<string, number>;
+  exportedByServer: Record<string, string[]>;
 }): ControllerRecord {
   return {
     schema_version: CONTROLLER_SCHEMA_VERSION,
@@ -47,6 +50,7 @@ export function controllerRecord(parts: {
     episode_ids: keysOf(parts.scope).sort(),
     restarts: [...parts.restarts].sort(),
     record_counts: parts.recordCounts,
+    episodes_by_server: parts.exportedByServer,
   };
 }
 
@@ -107,6 +111,21 @@ function controllerRecordRefusal(record: unknown): string | undefined {
   ) {
     return 'has no record_counts of whole numbers per server';
   }
+  return episodesByServerRefusal(r.episodes_by_server);
+}
+
+/** `episodes_by_server`, when present, lists capture keys per server. */
+function episodesByServerRefusal(byServer: unknown): string | undefined {
+  if (byServer === undefined) return undefined;
+  const lists =
+    typeof byServer === 'object' && byServer !== null && !Array.isArray(byServer)
+      ? Object.values(byServer)
+      : [byServer];
+  for (const keys of lists) {
+    if (!Array.isArray(keys) || !keys.every((key) => typeof key === 'string')) {
+      return 'has episodes_by_server that is not a list of capture keys per server';
+    }
+  }
   return undefined;
 }
 
@@ -144,6 +163,7 @@ export function expectedCheckpoint(dir: string, record: ControllerRecord): Expec
     source: join(dir, CONTROLLER_FILE),
     checkpointId: record.checkpoint_id,
     recordCounts: record.record_counts,
+    heldBy: record.episodes_by_server,
   };
 }
 

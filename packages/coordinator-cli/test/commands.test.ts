@@ -14,6 +14,8 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { participantDir, writeParticipantState } from '@ckpt-gym/core';
+
 import { runCli } from '../src/index.js';
 import { type CliRun, startStack, type TestStack, TOKEN_ENV } from './support/stack.js';
 
@@ -432,7 +434,7 @@ describe('restore cross-checks', () => {
     rewriteController((record) => (record.episode_ids = ['r1', 'r2', 'r3']));
     await refusedIntoFresh(
       ['--dir', 'ckpt'],
-      /1 episode\(s\) in the restore scope are held by no environment .*env\/manifest\.json.*: r3;/,
+      /1 episode\(s\) in the restore scope are not held .*: r3 \(not in .*environment\/env\/manifest\.json\);/,
     );
   });
 
@@ -449,7 +451,7 @@ describe('restore cross-checks', () => {
     await checkpointed();
     const fresh = await refusedIntoFresh(
       ['--dir', 'ckpt', '--episodes', 'r1,r2,r7'],
-      /held by no environment .*: r7;/,
+      /are not held by a participant that must hold them: r7 \(not in .*env\/manifest\.json\)/,
     );
     await cli(['resume'], fresh.file);
     const again = await start(dir, undefined, { file: 'again.yaml' });
@@ -475,6 +477,33 @@ describe('restore cross-checks', () => {
       again.file,
     );
     expect(text.stdout).toMatch(/^restarts .*: r7$/m);
+  });
+
+  test('a participant missing an episode it committed is refused (digest and count consistent), or restarted when asked', async () => {
+    await checkpointed();
+    // The model's records rewritten consistently: r2's record replaced by one of r3.
+    const policy = participantDir(join(dir, 'ckpt'), 'model', 'policy');
+    rmSync(policy, { recursive: true });
+    await writeParticipantState({
+      checkpointDir: join(dir, 'ckpt'),
+      kind: 'model',
+      instance: 'policy',
+      checkpointId: 'src',
+      records: ['r1', 'r3'].map((r) => ({
+        episode_id: { rollout_id: r, attempt: 0 },
+        payload: `policy:${r}`,
+      })),
+    });
+    const fresh = await refusedIntoFresh(
+      ['--dir', 'ckpt'],
+      /1 episode\(s\) in the restore scope are not held .*: r2 \(not in .*model\/policy\/manifest\.json\)/,
+    );
+    await cli(['resume'], fresh.file);
+    const again = await start(dir, undefined, { file: 'again.yaml' });
+    const run = await cliJson(['restore', '--dir', 'ckpt', '--restart-missing'], again.file);
+    expect(run.code).toBe(0);
+    expect(run.restarts).toEqual(['r2']);
+    expect(run.restored).toEqual(['r1-a1']);
   });
 
   test('a refused restore retires nothing: no marks, nothing installed, on any participant', async () => {

@@ -400,13 +400,15 @@ export interface ExpectedCheckpoint {
   readonly checkpointId: string;
   /** Records per participant (server name), as committed. */
   readonly recordCounts?: Readonly<Record<string, number>>;
+  /** Capture keys each participant (server name) committed a record of: it must still hold them. */
+  readonly heldBy?: Readonly<Record<string, readonly string[]>>;
 }
 
 export interface RestoreCheckOptions {
   readonly expected?: ExpectedCheckpoint;
   /**
-   * Leave out, as restarts, the scope episodes no environment participant holds, instead of
-   * refusing the restore. Only when the controller asks for it explicitly.
+   * Leave out, as restarts, the scope episodes a participant that must hold them does not,
+   * instead of refusing the restore. Only when the controller asks for it explicitly.
    */
   readonly allowRestart?: boolean;
 }
@@ -424,7 +426,7 @@ export interface ParticipantSource {
 export interface CheckedRestore {
   /** The scope to restore: every episode of the request, minus `restarts`. */
   readonly scope: EpisodeId[];
-  /** Episodes no environment participant holds, left out to start over (`allowRestart` only). */
+  /** Episodes not held where they must be, left out to start over (`allowRestart` only). */
   readonly restarts: EpisodeId[];
 }
 
@@ -490,35 +492,50 @@ export function recordCountRefusal(
   return undefined;
 }
 
-/** Scope episodes no environment participant holds (environment servers own the episodes). */
+/**
+ * Scope episodes a participant that must hold them does not, each with the manifests of the
+ * participants missing it: some environment participant must hold every one (environment servers
+ * own the episodes), and each participant every one `heldBy` says it committed.
+ */
 export function unheldEpisodes(
   sources: readonly ParticipantSource[],
   scope: readonly EpisodeId[],
-): EpisodeId[] {
+  heldBy: Readonly<Record<string, readonly string[]>> = {},
+): Map<string, string[]> {
   const owners = sources.filter((source) => source.member.kind === 'environment');
-  if (owners.length === 0) return [];
-  return scope.filter((episode) => !owners.some((owner) => owner.held.has(captureKey(episode))));
+  const committed = new Map(sources.map((s) => [s, new Set(heldBy[s.member.server] ?? [])]));
+  const unheld = new Map<string, string[]>();
+  for (const key of scope.map(captureKey)) {
+    const missing = sources
+      .filter((source) => committed.get(source)?.has(key) && !source.held.has(key))
+      .map((source) => source.manifestPath);
+    if (owners.length > 0 && !owners.some((owner) => owner.held.has(key))) {
+      missing.push(
+        ...owners.filter((o) => !missing.includes(o.manifestPath)).map((o) => o.manifestPath),
+      );
+    }
+    if (missing.length > 0) unheld.set(key, missing);
+  }
+  return unheld;
 }
 
-function unheldRefusal(
-  sources: readonly ParticipantSource[],
-  unheld: readonly EpisodeId[],
-): string {
-  const owners = sources.filter((source) => source.member.kind === 'environment');
-  const files = owners.map((owner) => owner.manifestPath).join(', ');
-  const keys = unheld.map(captureKey);
-  const listed = keys.slice(0, 10).join(', ') + (keys.length > 10 ? ', …' : '');
+function unheldRefusal(unheld: ReadonlyMap<string, string[]>): string {
+  const listed = [...unheld]
+    .slice(0, 10)
+    .map(([key, files]) => `${key} (not in ${files.join(', ')})`)
+    .join(', ');
   return (
-    `${unheld.length} episode(s) in the restore scope are held by no environment participant ` +
-    `(${files}): ${listed}; an episode must not silently start over (restart it explicitly)`
+    `${unheld.size} episode(s) in the restore scope are not held by a participant that must ` +
+    `hold them: ${listed}${unheld.size > 10 ? ', …' : ''}; an episode must not silently start ` +
+    'over (restart it explicitly)'
   );
 }
 
 /**
  * The restore's cross-participant checks, before anything is installed: every participant's
  * directory passes the store's checks, every manifest names the same checkpoint (and the one
- * `expected` names), record counts match `expected`, and an environment participant holds every
- * scope episode. A failure is `invalid_checkpoint_state` naming the file and the rule.
+ * `expected` names), record counts match `expected`, and every scope episode is held by some
+ * environment participant and by each participant `expected` says committed it. A failure is `invalid_checkpoint_state` naming the file and the rule.
  */
 export async function checkRestore(
   participants: Participants,
@@ -533,14 +550,13 @@ export async function checkRestore(
     sameCheckpointRefusal(sources, options.expected) ??
     recordCountRefusal(sources, options.expected);
   if (refusal !== undefined) throw new CheckpointStateError(refusal);
-  const unheld = unheldEpisodes(sources, episodeIds);
-  if (unheld.length > 0 && !options.allowRestart) {
-    throw new CheckpointStateError(unheldRefusal(sources, unheld));
+  const unheld = unheldEpisodes(sources, episodeIds, options.expected?.heldBy);
+  if (unheld.size > 0 && !options.allowRestart) {
+    throw new CheckpointStateError(unheldRefusal(unheld));
   }
-  const restarting = new Set(unheld.map(captureKey));
   return {
-    scope: episodeIds.filter((episode) => !restarting.has(captureKey(episode))),
-    restarts: unheld,
+    scope: episodeIds.filter((episode) => !unheld.has(captureKey(episode))),
+    restarts: episodeIds.filter((episode) => unheld.has(captureKey(episode))),
   };
 }
 

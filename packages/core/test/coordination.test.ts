@@ -904,7 +904,7 @@ describe('restore against real control planes: the cross-participant checks', ()
     const { participants, memory } = await freshPair();
     const wider = [...scope, episodeId('r7')];
     await expect(restore(participants, 'back', root, wider, soon())).rejects.toThrow(
-      /^1 episode\(s\) in the restore scope are held by no environment participant .*: r7;/,
+      /^1 episode\(s\) in the restore scope are not held by a participant that must hold them: r7 \(not in .*\/environment\/env\/manifest\.json\);/,
     );
     await expectUntouched(participants, memory);
     const checked = await checkRestore(participants, root, wider, { allowRestart: true });

@@ -64,6 +64,7 @@ export async function commitAndPublish(
       scope,
       restarts: inFlight.restarts,
       recordCounts: counts,
+      exportedByServer: exported,
     }),
   );
   const exportedKeys = union(Object.values(exported));
