@@ -78,7 +78,7 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
   },
   'restart-missing': {
     type: 'boolean',
-    help: 'restore: start over (reported as restarts) the scope episodes no environment holds, instead of refusing',
+    help: 'restore: start over (reported as restarts) the scope episodes not held where they must be, instead of refusing',
   },
   server: { type: 'string', value: 'NAME', help: 'the server of the stack file to run' },
   detach: { type: 'boolean', help: 'start the stack and exit, leaving it running' },
@@ -170,8 +170,9 @@ export const COMMANDS = {
     details:
       '--id defaults to a new restore-<UTC time> id; --episodes defaults to the scope in\n' +
       '<dir>/controller.json. Every manifest must name the checkpoint controller.json names and\n' +
-      'an environment must hold every episode in scope, else nothing is sent. If a participant\n' +
-      'still fails, the replacement attempts are retired where it succeeded and all resume.',
+      'every episode in scope must be held where it was committed, else nothing is sent. If a\n' +
+      'participant still fails, the replacement attempts are retired where it succeeded and all\n' +
+      'resume.',
   },
   resume: {
     summary: 'reopen admission, in reverse prepare order',

@@ -10,6 +10,7 @@
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
+import { withinDeadline } from './control/deadline.js';
 import { CheckpointStateError, ConfigError } from './errors.js';
 import { ControlHttpError, getControl, postControl, type HttpClients } from './http-client.js';
 import {
@@ -575,7 +576,8 @@ export async function restore(
   deadlineTs: number,
   options: { expected?: ExpectedCheckpoint } = {},
 ): Promise<Replies> {
-  await checkRestore(participants, checkpointDir, episodeIds, options);
+  // Bounded like the restore itself: a stalled read of the directory (a hung mount) gives up.
+  await withinDeadline(checkRestore(participants, checkpointDir, episodeIds, options), deadlineTs);
   const body = encodeBody({
     checkpoint_id: checkpointId,
     deadline_ts: deadlineTs,

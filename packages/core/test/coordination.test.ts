@@ -34,7 +34,7 @@ import {
   type DiscoverOptions,
   type Participants,
 } from '../src/coordination.js';
-import { CheckpointStateError, ConfigError } from '../src/errors.js';
+import { CheckpointStateError, ConfigError, DeadlineExceededError } from '../src/errors.js';
 import { createHttpClients, type HttpClients } from '../src/http-client.js';
 import { captureKey, episodeId, parseCaptureKey, type EpisodeId } from '../src/identity.js';
 import type { JsonObject } from '../src/json.js';
@@ -897,6 +897,14 @@ describe('restore against real control planes: the cross-participant checks', ()
 
     const replies = await restore(participants, 'back', root, scope, soon());
     expect(replies.env).toMatchObject({ phase: 'restored', restored: ['r1-a1', 'r2-a1'] });
+  });
+
+  test('the checks are bounded by the restore deadline: past it nothing is sent', async () => {
+    const root = await checkpoint('c1');
+    const { participants, memory } = await freshPair();
+    const error = await restore(participants, 'back', root, scope, soon(-1)).catch((e) => e);
+    expect(error).toBeInstanceOf(DeadlineExceededError);
+    await expectUntouched(participants, memory);
   });
 
   test('a scope episode no environment holds is refused, or left out as a restart when asked', async () => {
