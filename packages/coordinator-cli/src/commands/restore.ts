@@ -30,7 +30,7 @@ async function restoreChecked(ctx: CommandContext): Promise<CommandResult> {
   const record = await readControllerRecord(dir);
   const requested = ctx.invocation.episodes ?? publishedScope(dir, record);
   const expected = record && expectedCheckpoint(dir, record);
-  // Asked for explicitly: episodes no environment holds start over instead of refusing the restore.
+  // Asked for explicitly: episodes not held where they must be start over instead of refusing.
   let scope: readonly EpisodeId[] = requested;
   let restarts: EpisodeId[] = [];
   if (ctx.invocation.restartMissing) {
