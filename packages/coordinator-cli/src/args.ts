@@ -32,6 +32,7 @@ export type OptionName =
   | 'episodes'
   | 'rollouts'
   | 'stop'
+  | 'restart-missing'
   | 'server'
   | 'detach'
   | 'run-dir'
@@ -74,6 +75,10 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
   stop: {
     type: 'boolean',
     help: 'commit with stop: free exported state outside the processes; the stack stays closed',
+  },
+  'restart-missing': {
+    type: 'boolean',
+    help: 'restore: start over (reported as restarts) the scope episodes not held where they must be, instead of refusing',
   },
   server: { type: 'string', value: 'NAME', help: 'the server of the stack file to run' },
   detach: { type: 'boolean', help: 'start the stack and exit, leaving it running' },
@@ -160,11 +165,14 @@ export const COMMANDS = {
   },
   restore: {
     summary: 'install a checkpoint into fresh processes, all or nothing',
-    options: [...TIMING, 'dir', 'episodes'],
+    options: [...TIMING, 'dir', 'episodes', 'restart-missing'],
     required: ['dir'],
     details:
       '--id defaults to a new restore-<UTC time> id; --episodes defaults to the scope in\n' +
-      '<dir>/controller.json. On failure the replacement attempts are retired and all resume.',
+      '<dir>/controller.json. Every manifest must name the checkpoint controller.json names and\n' +
+      'every episode in scope must be held where it was committed, else nothing is sent. If a\n' +
+      'participant still fails, the replacement attempts are retired where it succeeded and all\n' +
+      'resume.',
   },
   resume: {
     summary: 'reopen admission, in reverse prepare order',
@@ -268,6 +276,8 @@ export interface Invocation {
   readonly episodes: readonly EpisodeId[] | undefined;
   readonly rollouts: readonly string[] | undefined;
   readonly stop: boolean;
+  /** `restore --restart-missing`. */
+  readonly restartMissing: boolean;
   readonly server: string | undefined;
   readonly detach: boolean;
   /** As given; undefined means the default. */
@@ -446,6 +456,7 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
     episodes: episodes === undefined ? undefined : parseEpisodes(episodes),
     rollouts: rollouts === undefined || demo ? undefined : parseRollouts(rollouts),
     stop: values.stop === true,
+    restartMissing: values['restart-missing'] === true,
     server: text('server'),
     detach: values.detach === true,
     runDir: text('run-dir'),

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import {
   CheckpointStateError,
   type EpisodeId,
+  type ExpectedCheckpoint,
   fsyncDirectory,
   parseCaptureKey,
   signed,
@@ -32,6 +33,8 @@ export interface ControllerRecord {
   readonly restarts: string[];
   /** Record count per participant (server name). */
   readonly record_counts: Record<string, number>;
+  /** The capture keys each participant (server name) exported; absent in older records. */
+  readonly episodes_by_server?: Record<string, string[]>;
 }
 
 export function controllerRecord(parts: {
@@ -40,6 +43,7 @@ export function controllerRecord(parts: {
   scope: readonly EpisodeId[];
   restarts: readonly string[];
   recordCounts: Record<string, number>;
+  exportedByServer: Record<string, string[]>;
 }): ControllerRecord {
   return {
     schema_version: CONTROLLER_SCHEMA_VERSION,
@@ -48,6 +52,7 @@ export function controllerRecord(parts: {
     episode_ids: keysOf(parts.scope).sort(),
     restarts: [...parts.restarts].sort(),
     record_counts: parts.recordCounts,
+    episodes_by_server: parts.exportedByServer,
   };
 }
 
@@ -77,35 +82,119 @@ export async function publish(
   return path;
 }
 
+/** A rule `record` breaks, or undefined when it is a valid controller record. */
+function controllerRecordRefusal(record: unknown): string | undefined {
+  if (typeof record !== 'object' || record === null || Array.isArray(record)) {
+    return 'is not a JSON object';
+  }
+  const r = record as Record<string, unknown>;
+  if (r.schema_version !== CONTROLLER_SCHEMA_VERSION) {
+    return `has schema_version ${JSON.stringify(r.schema_version ?? null)}, not ${CONTROLLER_SCHEMA_VERSION}`;
+  }
+  if (typeof r.checkpoint_id !== 'string' || r.checkpoint_id === '')
+    return 'names no checkpoint_id';
+  if (typeof r.published_at !== 'number' || !Number.isFinite(r.published_at)) {
+    return 'has no published_at time';
+  }
+  for (const field of ['episode_ids', 'restarts'] as const) {
+    const keys = r[field];
+    if (!Array.isArray(keys) || !keys.every((key) => typeof key === 'string')) {
+      return `has no ${field} list of capture keys`;
+    }
+    for (const key of keys as string[]) {
+      try {
+        parseCaptureKey(key);
+      } catch (err) {
+        return `lists the bad capture key ${JSON.stringify(key)} in ${field}: ${(err as Error).message}`;
+      }
+    }
+    if (new Set(keys).size !== keys.length) return `lists an episode twice in ${field}`;
+  }
+  const restarts = new Set(r.restarts as string[]);
+  const both = (r.episode_ids as string[]).find((key) => restarts.has(key));
+  if (both !== undefined) return `lists ${JSON.stringify(both)} both as continued and as a restart`;
+  const counts = r.record_counts;
+  if (
+    typeof counts !== 'object' ||
+    counts === null ||
+    Array.isArray(counts) ||
+    !Object.values(counts).every((n) => Number.isSafeInteger(n) && (n as number) >= 0)
+  ) {
+    return 'has no record_counts of whole numbers per server';
+  }
+  return episodesByServerRefusal(r.episodes_by_server);
+}
+
+/** `episodes_by_server`, when present, lists capture keys per server. */
+function episodesByServerRefusal(byServer: unknown): string | undefined {
+  if (byServer === undefined) return undefined;
+  const lists =
+    typeof byServer === 'object' && byServer !== null && !Array.isArray(byServer)
+      ? Object.values(byServer)
+      : [byServer];
+  for (const keys of lists) {
+    if (!Array.isArray(keys) || !keys.every((key) => typeof key === 'string')) {
+      return 'has episodes_by_server that is not a list of capture keys per server';
+    }
+  }
+  return undefined;
+}
+
 /**
- * The scope a restore continues, from a published record; a missing or bad file is a failure, and
+ * Parses a published record strictly; a bad one is `invalid_checkpoint_state` naming `path`, and
  * so is, with `checkpoint.signing_key`, a record whose MAC is missing or does not verify.
  */
-export async function publishedScope(dir: string, signingKey?: Uint8Array): Promise<EpisodeId[]> {
+export function parseControllerRecord(
+  text: string,
+  path: string,
+  signingKey?: Uint8Array,
+): ControllerRecord {
+  let record: unknown;
+  try {
+    record = JSON.parse(text);
+  } catch (err) {
+    throw new CheckpointStateError(`${path} is not JSON: ${(err as Error).message}`);
+  }
+  const refusal = controllerRecordRefusal(record);
+  if (refusal !== undefined) throw new CheckpointStateError(`${path} ${refusal}`);
+  if (signingKey) verifyManifestMac(signingKey, record as Record<string, unknown>, path);
+  return record as ControllerRecord;
+}
+
+/** The published record in `dir`: undefined when there is none, a refusal when it is bad. */
+export async function readControllerRecord(
+  dir: string,
+  signingKey?: Uint8Array,
+): Promise<ControllerRecord | undefined> {
   const path = join(dir, CONTROLLER_FILE);
   let text: string;
   try {
     text = await readFile(path, 'utf8');
   } catch (err) {
-    throw new CliFailure(
-      `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message}); ` +
-        'name the restore scope with --episodes',
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw new CheckpointStateError(
+      `cannot read ${path} (${(err as NodeJS.ErrnoException).code ?? (err as Error).message})`,
     );
   }
-  try {
-    const record = JSON.parse(text) as Partial<ControllerRecord> | null;
-    if (
-      record?.schema_version !== CONTROLLER_SCHEMA_VERSION ||
-      !Array.isArray(record.episode_ids)
-    ) {
-      throw new Error(`not a schema_version ${CONTROLLER_SCHEMA_VERSION} record with episode_ids`);
-    }
-    if (signingKey) verifyManifestMac(signingKey, record, path);
-    return record.episode_ids.map((key) => parseCaptureKey(String(key)));
-  } catch (err) {
-    if (err instanceof CheckpointStateError) throw err; // a forgery: --episodes is no remedy
+  return parseControllerRecord(text, path, signingKey);
+}
+
+/** What every manifest must agree with: the record's checkpoint id and record counts. */
+export function expectedCheckpoint(dir: string, record: ControllerRecord): ExpectedCheckpoint {
+  return {
+    source: join(dir, CONTROLLER_FILE),
+    checkpointId: record.checkpoint_id,
+    recordCounts: record.record_counts,
+    heldBy: record.episodes_by_server,
+  };
+}
+
+/** The scope a restore continues, from a published record; a missing file is a failure. */
+export function publishedScope(dir: string, record: ControllerRecord | undefined): EpisodeId[] {
+  if (record === undefined) {
     throw new CliFailure(
-      `${path}: ${(err as Error).message}; name the restore scope with --episodes`,
+      `cannot read ${join(dir, CONTROLLER_FILE)} (ENOENT); name the restore scope with --episodes`,
     );
   }
+  return record.episode_ids.map(parseCaptureKey);
 }

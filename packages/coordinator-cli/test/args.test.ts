@@ -54,6 +54,7 @@ describe('parseCommandLine', () => {
       ],
       rollouts: undefined,
       stop: true,
+      restartMissing: false,
       server: undefined,
       detach: false,
       runDir: undefined,
@@ -66,6 +67,17 @@ describe('parseCommandLine', () => {
       resume: false,
       rolloutCount: DEFAULT_DEMO_ROLLOUTS,
     });
+  });
+
+  test('restore takes --restart-missing; no other command does', () => {
+    expect(invocation(['restore', '--dir', 'd', '--restart-missing'])).toMatchObject({
+      command: 'restore',
+      restartMissing: true,
+    });
+    expect(invocation(['restore', '--dir', 'd'])).toMatchObject({ restartMissing: false });
+    expect(parseCommandLine(['commit', '--dir', 'd', '--restart-missing']).kind).toBe(
+      'usage-error',
+    );
   });
 
   test('defaults: no config, human output, the default deadline', () => {

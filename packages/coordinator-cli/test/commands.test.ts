@@ -2,9 +2,19 @@
  * The checkpoint commands end to end, in-process: runCli against real core ControlPlane servers
  * (environment, model, resources) through a temporary stack file.
  */
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import {
+  cpSync,
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+
+import { participantDir, writeParticipantState } from '@ckpt-gym/core';
 
 import { runCli } from '../src/index.js';
 import { type CliRun, startStack, type TestStack, TOKEN_ENV } from './support/stack.js';
@@ -343,5 +353,169 @@ describe('checkpoint, restore, retire, forget', () => {
     const run = await cli(['restore', '--dir', 'nowhere']);
     expect(run.code).toBe(1);
     expect(run.stderr).toMatch(/controller\.json.*--episodes/);
+  });
+});
+
+// --- restore refuses a checkpoint it cannot trust, before anything is installed --------------
+
+describe('restore cross-checks', () => {
+  /** Checkpoint `src` of r1 and r2 (every server holds both) into ckpt, and a pristine copy. */
+  async function checkpointed(): Promise<void> {
+    for (const name of ['env', 'policy', 'tools']) {
+      stack.participant(name).start('r1');
+      stack.participant(name).start('r2');
+    }
+    expect((await cli(['checkpoint', '--dir', 'ckpt', '--id', 'src'])).code).toBe(0);
+    cpSync(join(dir, 'ckpt'), join(dir, 'pristine'), { recursive: true });
+  }
+
+  /** A refusal of `args` into fresh servers: 422 invalid_checkpoint_state, nothing changed. */
+  async function refusedIntoFresh(args: string[], detail: RegExp): Promise<TestStack> {
+    const fresh = await start(dir, undefined, { file: 'fresh.yaml' });
+    const run = await cli(['restore', ...args], fresh.file);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/invalid_checkpoint_state/);
+    expect(run.stderr).toMatch(detail);
+    await expectUntouched(fresh);
+    // The untampered checkpoint still restores into the same servers.
+    const restored = await cliJson(['restore', '--dir', 'pristine'], fresh.file);
+    expect(restored.code).toBe(0);
+    expect(restored.restored).toEqual(['r1-a1', 'r2-a1']);
+    return fresh;
+  }
+
+  /** Every participant idle, admission open, nothing installed and no retire marks. */
+  async function expectUntouched(fresh: TestStack): Promise<void> {
+    const json = await cliJson(['status'], fresh.file);
+    for (const row of json.servers as { status: { phase: string; retired_rollouts: number } }[]) {
+      expect(row.status).toMatchObject({ phase: 'idle', retired_rollouts: 0 });
+    }
+    for (const participant of fresh.participants.values()) {
+      expect(participant.restored.size).toBe(0);
+      expect(participant.marks.size).toBe(0);
+      expect(participant.retired).toEqual([]);
+      expect(participant.admissionOpen).toBe(true);
+    }
+  }
+
+  function rewriteController(edit: (record: Record<string, unknown>) => void): void {
+    const path = join(dir, 'ckpt', 'controller.json');
+    const record = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+    edit(record);
+    writeFileSync(path, JSON.stringify(record));
+  }
+
+  test("the counter server's directory from a later checkpoint of the same rollouts is refused", async () => {
+    await checkpointed();
+    expect((await cli(['checkpoint', '--dir', 'later', '--id', 'later'])).code).toBe(0);
+    const tools = join('gym', 'resources', 'tools');
+    rmSync(join(dir, 'ckpt', tools), { recursive: true });
+    cpSync(join(dir, 'later', tools), join(dir, 'ckpt', tools), { recursive: true });
+    await refusedIntoFresh(
+      ['--dir', 'ckpt'],
+      /tools\/manifest\.json names checkpoint "later", but .*controller\.json names "src"/,
+    );
+  });
+
+  test('controller.json that is not JSON is refused, even with --episodes', async () => {
+    await checkpointed();
+    writeFileSync(join(dir, 'ckpt', 'controller.json'), '{"schema_version": 1,');
+    await refusedIntoFresh(['--dir', 'ckpt', '--episodes', 'r1'], /controller\.json is not JSON/);
+  });
+
+  test('controller.json with a field of the wrong type is refused', async () => {
+    await checkpointed();
+    rewriteController((record) => (record.episode_ids = 'r1,r2'));
+    await refusedIntoFresh(['--dir', 'ckpt'], /controller\.json has no episode_ids list/);
+  });
+
+  test('controller.json naming an episode the checkpoint does not hold is refused', async () => {
+    await checkpointed();
+    rewriteController((record) => (record.episode_ids = ['r1', 'r2', 'r3']));
+    await refusedIntoFresh(
+      ['--dir', 'ckpt'],
+      /1 episode\(s\) in the restore scope are not held .*: r3 \(not in .*environment\/env\/manifest\.json\);/,
+    );
+  });
+
+  test('a participant holding fewer records than controller.json says is refused', async () => {
+    await checkpointed();
+    rewriteController((record) => (record.record_counts = { env: 2, policy: 2, tools: 3 }));
+    await refusedIntoFresh(
+      ['--dir', 'ckpt'],
+      /tools\/manifest\.json holds 2 record\(s\), but .*controller\.json names 3 record\(s\) for tools/,
+    );
+  });
+
+  test('a scope naming an episode the environment holds no record of is refused, or restarted when asked', async () => {
+    await checkpointed();
+    const fresh = await refusedIntoFresh(
+      ['--dir', 'ckpt', '--episodes', 'r1,r2,r7'],
+      /are not held by a participant that must hold them: r7 \(not in .*env\/manifest\.json\)/,
+    );
+    await cli(['resume'], fresh.file);
+    const again = await start(dir, undefined, { file: 'again.yaml' });
+    const run = await cliJson(
+      ['restore', '--dir', 'ckpt', '--episodes', 'r1,r2,r7', '--restart-missing'],
+      again.file,
+    );
+    expect(run.code).toBe(0);
+    expect(run.restarts).toEqual(['r7']);
+    expect(run.episode_ids).toEqual(['r1', 'r2']);
+    expect(run.restored).toEqual(['r1-a1', 'r2-a1']);
+    const text = await cli(
+      [
+        'restore',
+        '--dir',
+        'ckpt',
+        '--episodes',
+        'r1,r2,r7',
+        '--restart-missing',
+        '--id',
+        String(run.checkpoint_id),
+      ],
+      again.file,
+    );
+    expect(text.stdout).toMatch(/^restarts .*: r7$/m);
+  });
+
+  test('a participant missing an episode it committed is refused (digest and count consistent), or restarted when asked', async () => {
+    await checkpointed();
+    // The model's records rewritten consistently: r2's record replaced by one of r3.
+    const policy = participantDir(join(dir, 'ckpt'), 'model', 'policy');
+    rmSync(policy, { recursive: true });
+    await writeParticipantState({
+      checkpointDir: join(dir, 'ckpt'),
+      kind: 'model',
+      instance: 'policy',
+      checkpointId: 'src',
+      records: ['r1', 'r3'].map((r) => ({
+        episode_id: { rollout_id: r, attempt: 0 },
+        payload: `policy:${r}`,
+      })),
+    });
+    const fresh = await refusedIntoFresh(
+      ['--dir', 'ckpt'],
+      /1 episode\(s\) in the restore scope are not held .*: r2 \(not in .*model\/policy\/manifest\.json\)/,
+    );
+    await cli(['resume'], fresh.file);
+    const again = await start(dir, undefined, { file: 'again.yaml' });
+    const run = await cliJson(['restore', '--dir', 'ckpt', '--restart-missing'], again.file);
+    expect(run.code).toBe(0);
+    expect(run.restarts).toEqual(['r2']);
+    expect(run.restored).toEqual(['r1-a1']);
+  });
+
+  test('a refused restore retires nothing: no marks, nothing installed, on any participant', async () => {
+    await checkpointed();
+    const policy = join(dir, 'ckpt', 'gym', 'model', 'policy');
+    const records = readdirSync(policy).find((name) => name.startsWith('records'));
+    // Forged at the same size, so it is the digest that refuses it, not the declared byte size.
+    const path = join(policy, records as string);
+    const size = readFileSync(path).length;
+    const forged = `${JSON.stringify({ episode_id: { rollout_id: 'r1', attempt: 0 }, payload: '' })}`;
+    writeFileSync(path, `${forged.slice(0, -2)}${'x'.repeat(size - forged.length - 1)}"}\n`);
+    expect(readFileSync(path).length).toBe(size);
+    await refusedIntoFresh(['--dir', 'ckpt'], /policy.* does not match its manifest digest/);
   });
 });

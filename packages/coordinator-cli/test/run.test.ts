@@ -4,7 +4,7 @@
  * continues the rollouts in flight as their next attempt and writes each result exactly once.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -176,3 +176,32 @@ test('--resume without a checkpoint retires each rollout at its journaled attemp
   );
   expect(results()).toHaveLength(2);
 }, 180_000);
+
+test('--resume refuses a controller.json it cannot trust, naming the file', () => {
+  const root = mkdtempSync(join(tmpdir(), 'ckpt-gym-latest-'));
+  try {
+    const path = join(root, 'ckpt-1', 'controller.json');
+    mkdirSync(join(root, 'ckpt-1'));
+    const record = {
+      schema_version: 1,
+      checkpoint_id: 'ckpt-1',
+      published_at: 'yesterday',
+      episode_ids: ['r1'],
+      restarts: [],
+      record_counts: { env: 1 },
+    };
+    writeFileSync(path, JSON.stringify(record));
+    expect(() => latestCheckpoint(root)).toThrow(
+      expect.objectContaining({
+        code: 'invalid_checkpoint_state',
+        message: `${path} has no published_at time`,
+      }),
+    );
+    writeFileSync(path, '{"schema_version": 1,');
+    expect(() => latestCheckpoint(root)).toThrow(new RegExp(`^${path} is not JSON`));
+    writeFileSync(path, JSON.stringify({ ...record, published_at: 1 }));
+    expect(latestCheckpoint(root)?.record.checkpoint_id).toBe('ckpt-1');
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+});

@@ -7,9 +7,11 @@
  * commit, restore and renew fan out to all at once; resume runs the prepare order in reverse and
  * collects failures; retire and forget run callers first (environment, agent, model + resources).
  */
+import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { ConfigError } from './errors.js';
+import { withinDeadline } from './control/deadline.js';
+import { CheckpointStateError, ConfigError } from './errors.js';
 import { ControlHttpError, getControl, postControl, type HttpClients } from './http-client.js';
 import {
   captureKey,
@@ -26,6 +28,7 @@ import {
   type ParticipantKind,
 } from './participant.js';
 import { serverUrl, type StackSettings } from './settings.js';
+import { MANIFEST_FILE, participantDir, readParticipantState } from './store.js';
 
 export const CHECKPOINT_ROUTE_PREFIX = '/ng-control/v1/checkpoint';
 /** Added to a call's remaining deadline: the participant bounds its work, this covers the reply. */
@@ -53,6 +56,8 @@ export interface ParticipantMember {
   readonly kind: ParticipantKind;
   /** Base URL, e.g. `http://127.0.0.1:8101`. */
   readonly url: string;
+  /** The instance its status names (its directory in a checkpoint); default: `server`. */
+  readonly instance?: string;
 }
 
 /** Where swallowed cleanup errors are reported; any `Logger` will do. */
@@ -241,7 +246,8 @@ async function probe(
         if (!isParticipantKind(status.kind)) {
           throw new Error(`unknown participant kind ${JSON.stringify(status.kind)}`);
         }
-        return { server: target.name, kind: status.kind, url: target.url };
+        const instance = typeof status.instance === 'string' ? status.instance : target.name;
+        return { server: target.name, kind: status.kind, url: target.url, instance };
       } catch (err) {
         if (err instanceof ControlHttpError && err.status === 404) return undefined;
         if (signal.aborted || !isConnectionError(err) || attempt >= tries) throw err;
@@ -384,9 +390,183 @@ export function commit(
   return fanOut(participants, participants.members, 'commit', body, deadlineTs);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The restore's cross-participant checks: run by the controller, which can read the checkpoint
+// directory, before any participant is sent anything (the restore body names no expected id).
+
+/** What the controller's own record of the checkpoint says; every manifest must agree with it. */
+export interface ExpectedCheckpoint {
+  /** The record's path, named in every refusal it causes (e.g. `<dir>/controller.json`). */
+  readonly source: string;
+  readonly checkpointId: string;
+  /** Records per participant (server name), as committed. */
+  readonly recordCounts?: Readonly<Record<string, number>>;
+  /** Capture keys each participant (server name) committed a record of: it must still hold them. */
+  readonly heldBy?: Readonly<Record<string, readonly string[]>>;
+}
+
+export interface RestoreCheckOptions {
+  readonly expected?: ExpectedCheckpoint;
+  /**
+   * Leave out, as restarts, the scope episodes a participant that must hold them does not,
+   * instead of refusing the restore. Only when the controller asks for it explicitly.
+   */
+  readonly allowRestart?: boolean;
+}
+
+/** One participant's side of the checkpoint, as read (and fully verified) from its directory. */
+export interface ParticipantSource {
+  readonly member: ParticipantMember;
+  readonly manifestPath: string;
+  readonly checkpointId: string;
+  readonly recordCount: number;
+  /** Capture keys of every record the participant holds. */
+  readonly held: ReadonlySet<string>;
+}
+
+export interface CheckedRestore {
+  /** The scope to restore: every episode of the request, minus `restarts`. */
+  readonly scope: EpisodeId[];
+  /** Episodes not held where they must be, left out to start over (`allowRestart` only). */
+  readonly restarts: EpisodeId[];
+}
+
+/** Reads one participant's manifest and the keys of its records through the store's own checks. */
+async function readSource(member: ParticipantMember, checkpointDir: string) {
+  const held = new Set<string>();
+  const { manifest } = await readParticipantState<never>({
+    checkpointDir,
+    kind: member.kind,
+    instance: member.instance ?? member.server,
+    select: (key) => {
+      held.add(key);
+      return false;
+    },
+    validate: () => {
+      throw new Error('no record is selected');
+    },
+  });
+  const dir = participantDir(checkpointDir, member.kind, member.instance ?? member.server);
+  const manifestPath = join(dir, MANIFEST_FILE);
+  return {
+    member,
+    manifestPath,
+    checkpointId: manifest.checkpoint_id,
+    recordCount: manifest.record_count,
+    held,
+  } satisfies ParticipantSource;
+}
+
+/** Every manifest names one checkpoint id, the one the controller's record names. */
+export function sameCheckpointRefusal(
+  sources: readonly ParticipantSource[],
+  expected?: ExpectedCheckpoint,
+): string | undefined {
+  const first = sources[0];
+  const [reference, wanted] = expected
+    ? [expected.source, expected.checkpointId]
+    : [first?.manifestPath, first?.checkpointId];
+  const other = sources.find((source) => source.checkpointId !== wanted);
+  if (other === undefined) return undefined;
+  return (
+    `${other.manifestPath} names checkpoint ${JSON.stringify(other.checkpointId)}, but ` +
+    `${reference} names ${JSON.stringify(wanted)}: every participant must restore the same checkpoint`
+  );
+}
+
+/** Every participant holds as many records as the controller's record says it committed. */
+export function recordCountRefusal(
+  sources: readonly ParticipantSource[],
+  expected?: ExpectedCheckpoint,
+): string | undefined {
+  const counts = expected?.recordCounts;
+  if (counts === undefined) return undefined;
+  for (const source of sources) {
+    const count = counts[source.member.server];
+    if (count === source.recordCount) continue;
+    return (
+      `${source.manifestPath} holds ${source.recordCount} record(s), but ${expected?.source} ` +
+      `names ${count === undefined ? 'no record count' : `${count} record(s)`} for ` +
+      `${source.member.server}: the checkpoint must hold what was committed`
+    );
+  }
+  return undefined;
+}
+
 /**
- * Restores on every participant, all or nothing. On failure it retires the replacement attempts
- * everywhere and always resumes (both logged, never raised), then raises the restore's own error.
+ * Scope episodes a participant that must hold them does not, each with the manifests of the
+ * participants missing it: some environment participant must hold every one (environment servers
+ * own the episodes), and each participant every one `heldBy` says it committed.
+ */
+export function unheldEpisodes(
+  sources: readonly ParticipantSource[],
+  scope: readonly EpisodeId[],
+  heldBy: Readonly<Record<string, readonly string[]>> = {},
+): Map<string, string[]> {
+  const owners = sources.filter((source) => source.member.kind === 'environment');
+  const committed = new Map(sources.map((s) => [s, new Set(heldBy[s.member.server] ?? [])]));
+  const unheld = new Map<string, string[]>();
+  for (const key of scope.map(captureKey)) {
+    const missing = sources
+      .filter((source) => committed.get(source)?.has(key) && !source.held.has(key))
+      .map((source) => source.manifestPath);
+    if (owners.length > 0 && !owners.some((owner) => owner.held.has(key))) {
+      missing.push(
+        ...owners.filter((o) => !missing.includes(o.manifestPath)).map((o) => o.manifestPath),
+      );
+    }
+    if (missing.length > 0) unheld.set(key, missing);
+  }
+  return unheld;
+}
+
+function unheldRefusal(unheld: ReadonlyMap<string, string[]>): string {
+  const listed = [...unheld]
+    .slice(0, 10)
+    .map(([key, files]) => `${key} (not in ${files.join(', ')})`)
+    .join(', ');
+  return (
+    `${unheld.size} episode(s) in the restore scope are not held by a participant that must ` +
+    `hold them: ${listed}${unheld.size > 10 ? ', …' : ''}; an episode must not silently start ` +
+    'over (restart it explicitly)'
+  );
+}
+
+/**
+ * The restore's cross-participant checks, before anything is installed: every participant's
+ * directory passes the store's checks, every manifest names the same checkpoint (and the one
+ * `expected` names), record counts match `expected`, and every scope episode is held by some
+ * environment participant and by each participant `expected` says committed it. A failure is `invalid_checkpoint_state` naming the file and the rule.
+ */
+export async function checkRestore(
+  participants: Participants,
+  checkpointDir: string,
+  episodeIds: readonly EpisodeId[],
+  options: RestoreCheckOptions = {},
+): Promise<CheckedRestore> {
+  const sources = await Promise.all(
+    participants.members.map((member) => readSource(member, checkpointDir)),
+  );
+  const refusal =
+    sameCheckpointRefusal(sources, options.expected) ??
+    recordCountRefusal(sources, options.expected);
+  if (refusal !== undefined) throw new CheckpointStateError(refusal);
+  const unheld = unheldEpisodes(sources, episodeIds, options.expected?.heldBy);
+  if (unheld.size > 0 && !options.allowRestart) {
+    throw new CheckpointStateError(unheldRefusal(unheld));
+  }
+  return {
+    scope: episodeIds.filter((episode) => !unheld.has(captureKey(episode))),
+    restarts: episodeIds.filter((episode) => unheld.has(captureKey(episode))),
+  };
+}
+
+/**
+ * Restores on every participant, all or nothing. First the cross-participant checks
+ * (`checkRestore`, strict: an unheld episode is refused): a refusal sends nothing. When a
+ * participant still fails, it retires the replacement attempts on the participants that accepted
+ * (one that refused installed nothing and raised no marks) and always resumes everyone (both
+ * logged, never raised), then raises the restore's own error.
  */
 export async function restore(
   participants: Participants,
@@ -394,7 +574,10 @@ export async function restore(
   checkpointDir: string,
   episodeIds: readonly EpisodeId[],
   deadlineTs: number,
+  options: { expected?: ExpectedCheckpoint } = {},
 ): Promise<Replies> {
+  // Bounded like the restore itself: a stalled read of the directory (a hung mount) gives up.
+  await withinDeadline(checkRestore(participants, checkpointDir, episodeIds, options), deadlineTs);
   const body = encodeBody({
     checkpoint_id: checkpointId,
     deadline_ts: deadlineTs,
@@ -404,25 +587,44 @@ export async function restore(
   try {
     return await fanOut(participants, participants.members, 'restore', body, deadlineTs);
   } catch (restoreError) {
-    const logger = participants.logger ?? createLogger({ server: 'coordinator' });
-    const cleanupDeadline = Math.max(deadlineTs, nowSeconds() + RESTORE_CLEANUP_SECONDS);
-    try {
-      await retire(participants, checkpointId, episodeIds.map(nextAttempt), cleanupDeadline);
-    } catch (err) {
-      logger.warn('failed restore: retiring the replacement attempts failed', {
-        checkpoint_id: checkpointId,
-        error: describeError(err),
-      });
-    }
-    try {
-      await resume(participants, checkpointId, cleanupDeadline);
-    } catch (err) {
-      logger.warn('failed restore: resume failed', {
-        checkpoint_id: checkpointId,
-        error: describeError(err),
-      });
-    }
+    const refused = restoreError instanceof CoordinationError ? restoreError.failures : {};
+    const accepted = participants.members.filter((member) => !(member.server in refused));
+    await cleanUpFailedRestore(
+      { ...participants, members: accepted },
+      participants,
+      checkpointId,
+      episodeIds,
+      deadlineTs,
+    );
     throw restoreError;
+  }
+}
+
+/** Retires the replacement attempts where a restore was accepted, then resumes everyone. */
+async function cleanUpFailedRestore(
+  accepted: Participants,
+  everyone: Participants,
+  checkpointId: string,
+  episodeIds: readonly EpisodeId[],
+  deadlineTs: number,
+): Promise<void> {
+  const logger = everyone.logger ?? createLogger({ server: 'coordinator' });
+  const cleanupDeadline = Math.max(deadlineTs, nowSeconds() + RESTORE_CLEANUP_SECONDS);
+  try {
+    await retire(accepted, checkpointId, episodeIds.map(nextAttempt), cleanupDeadline);
+  } catch (err) {
+    logger.warn('failed restore: retiring the replacement attempts failed', {
+      checkpoint_id: checkpointId,
+      error: describeError(err),
+    });
+  }
+  try {
+    await resume(everyone, checkpointId, cleanupDeadline);
+  } catch (err) {
+    logger.warn('failed restore: resume failed', {
+      checkpoint_id: checkpointId,
+      error: describeError(err),
+    });
   }
 }
 

@@ -6,7 +6,7 @@ import {
 } from 'node:net';
 import type { Server } from 'node:http';
 
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -17,6 +17,7 @@ import { installControlPlane } from '../src/control/routes.js';
 
 import {
   CHECKPOINT_ROUTE_PREFIX,
+  checkRestore,
   commit,
   CoordinationError,
   createParticipants,
@@ -33,7 +34,7 @@ import {
   type DiscoverOptions,
   type Participants,
 } from '../src/coordination.js';
-import { ConfigError } from '../src/errors.js';
+import { CheckpointStateError, ConfigError, DeadlineExceededError } from '../src/errors.js';
 import { createHttpClients, type HttpClients } from '../src/http-client.js';
 import { captureKey, episodeId, parseCaptureKey, type EpisodeId } from '../src/identity.js';
 import type { JsonObject } from '../src/json.js';
@@ -45,7 +46,12 @@ import {
   prepareReport,
 } from '../src/participant.js';
 import { parseStackFile } from '../src/settings.js';
-import { type CheckpointRecord, MANIFEST_FILE, participantDir } from '../src/store.js';
+import {
+  type CheckpointRecord,
+  MANIFEST_FILE,
+  participantDir,
+  writeParticipantState,
+} from '../src/store.js';
 
 // --- fake participants: small express servers that record every control request ---------------
 
@@ -412,21 +418,41 @@ describe('fan-out', () => {
 
 // --- restore ----------------------------------------------------------------------------------
 
+/** A real checkpoint of `fakes` in a temporary directory: the environment holds `held`. */
+async function checkpointOf(fakes: Fake[], held: readonly EpisodeId[], id = 'c1'): Promise<string> {
+  const root = await mkdtemp(join(tmpdir(), 'ckpt-coordination-'));
+  cleanups.push(() => rm(root, { recursive: true, force: true }));
+  for (const f of fakes) {
+    const records = f.kind === 'environment' ? held.map((e) => ({ episode_id: e })) : [];
+    await writeParticipantState({
+      checkpointDir: root,
+      kind: f.kind,
+      instance: f.name,
+      checkpointId: id,
+      records,
+    });
+  }
+  return root;
+}
+
 describe('restore', () => {
   const scope = [episodeId('r1'), episodeId('r2', 2)];
+  let dir: string;
 
   test('a successful restore sends no cleanup', async () => {
     const fakes = await fourKinds();
-    await restore(participantsOf(fakes), 'c2', '/ckpt/1', scope, soon());
+    dir = await checkpointOf(fakes, scope);
+    await restore(participantsOf(fakes), 'c2', dir, scope, soon());
     expect(calls.every((call) => call.endsWith(':restore'))).toBe(true);
   });
 
-  test('a failed restore retires the next attempts everywhere, resumes, and raises the restore error', async () => {
+  test('a failed restore retires the next attempts where it was accepted, resumes, and raises the restore error', async () => {
     const fakes = await fourKinds({
       model: { restore: () => refuse('invalid_checkpoint_state', 'manifest is not JSON', 422) },
     });
+    dir = await checkpointOf(fakes, scope);
     const start = Date.now() / 1000;
-    const error = await restore(participantsOf(fakes), 'c2', '/ckpt/1', scope, start + 1).catch(
+    const error = await restore(participantsOf(fakes), 'c2', dir, scope, start + 1).catch(
       (e: unknown) => e,
     );
     expect(error).toBeInstanceOf(CoordinationError);
@@ -435,15 +461,16 @@ describe('restore', () => {
       failures: { policy: 'HTTP 422 invalid_checkpoint_state manifest is not JSON' },
     });
     const cleanup = calls.filter((call) => !call.endsWith(':restore'));
-    expect(cleanup.slice(0, 2)).toEqual(['environment:retire', 'agent:retire']);
-    expect(cleanup.slice(2, 4).sort()).toEqual(['policy:retire', 'resources:retire']);
-    expect(cleanup.slice(4)).toEqual([
+    // The model refused: it installed nothing, so it is sent no retire (which would mark attempts).
+    expect(cleanup.slice(0, 3)).toEqual(['environment:retire', 'agent:retire', 'resources:retire']);
+    expect(cleanup.slice(3)).toEqual([
       'resources:resume',
       'agent:resume',
       'policy:resume',
       'environment:resume',
     ]);
-    for (const f of fakes) {
+    expect(fakes.find((f) => f.name === 'policy')?.bodies('retire')).toEqual([]);
+    for (const f of fakes.filter((f) => f.name !== 'policy')) {
       const [retired] = f.bodies('retire');
       expect(retired?.episode_ids).toEqual([
         { rollout_id: 'r1', attempt: 1 },
@@ -462,13 +489,10 @@ describe('restore', () => {
       resources: { restore: () => refuse('checkpoint_error', 'cannot restore here') },
     });
     const logger = recordingLogger();
-    const error = await restore(
-      participantsOf(fakes, logger),
-      'c2',
-      '/ckpt/1',
-      scope,
-      soon(),
-    ).catch((e: unknown) => e);
+    dir = await checkpointOf(fakes, scope);
+    const error = await restore(participantsOf(fakes, logger), 'c2', dir, scope, soon()).catch(
+      (e: unknown) => e,
+    );
     expect(error).toMatchObject({
       operation: 'restore',
       failures: { resources: 'HTTP 409 checkpoint_error cannot restore here' },
@@ -801,4 +825,99 @@ test('discover, prepare, commit and resume drive real control planes end to end'
   const resumed = await resume(participants, 'c1', soon(10));
   expect(Object.values(resumed).map((reply) => reply.phase)).toEqual(['idle', 'idle']);
   expect(environment.admissionOpen && model.admissionOpen).toBe(true);
+});
+
+describe('restore against real control planes: the cross-participant checks', () => {
+  /** Fresh environment and model participants behind real control planes. */
+  async function freshPair(): Promise<{ participants: Participants; memory: MemoryParticipant[] }> {
+    const memory = [
+      new MemoryParticipant('environment', 'env'),
+      new MemoryParticipant('model', 'policy'),
+    ];
+    const targets = await Promise.all(
+      memory.map(async (m) => ({ name: m.instance, url: await controlPlaneServer(m) })),
+    );
+    return { participants: await discover(targets, { token: TOKEN, clients }), memory };
+  }
+
+  /** Checkpoints `id` of r1 and r2 (both held everywhere) into a new directory. */
+  async function checkpoint(id: string): Promise<string> {
+    const root = await mkdtemp(join(tmpdir(), `ckpt-${id}-`));
+    cleanups.push(() => rm(root, { recursive: true, force: true }));
+    const { participants, memory } = await freshPair();
+    for (const m of memory) m.episodes.set('r1', 'parked').set('r2', 'parked');
+    expect((await prepare(participants, id, soon(10))).prepared).toBe(true);
+    await commit(participants, id, root, [episodeId('r1'), episodeId('r2')], soon(10));
+    await resume(participants, id, soon(10));
+    return root;
+  }
+
+  async function expectUntouched(participants: Participants, memory: MemoryParticipant[]) {
+    for (const member of participants.members) {
+      const status = await clients.control
+        .get(`${member.url}${CHECKPOINT_ROUTE_PREFIX}/status`, {
+          headers: { authorization: `Bearer ${TOKEN}` },
+        })
+        .json();
+      expect(status).toMatchObject({ phase: 'idle', checkpoint_id: null, retired_rollouts: 0 });
+    }
+    for (const m of memory) {
+      expect(m.marks.size).toBe(0);
+      expect(m.admissionOpen).toBe(true);
+    }
+  }
+
+  const scope = [episodeId('r1'), episodeId('r2')];
+
+  test("a participant's directory from a later checkpoint is refused before anything is sent", async () => {
+    const root = await checkpoint('c1');
+    const later = await checkpoint('c2');
+    const tampered = await mkdtemp(join(tmpdir(), 'ckpt-tampered-'));
+    cleanups.push(() => rm(tampered, { recursive: true, force: true }));
+    await cp(root, tampered, { recursive: true });
+    const model = participantDir(tampered, 'model', 'policy');
+    await rm(model, { recursive: true });
+    await cp(participantDir(later, 'model', 'policy'), model, { recursive: true });
+
+    const { participants, memory } = await freshPair();
+    const error = await restore(participants, 'back', tampered, scope, soon()).catch((e) => e);
+    expect(error).toBeInstanceOf(CheckpointStateError);
+    expect(error).toMatchObject({ code: 'invalid_checkpoint_state', status: 422 });
+    expect((error as Error).message).toBe(
+      `${join(model, MANIFEST_FILE)} names checkpoint "c2", but ` +
+        `${join(participantDir(tampered, 'environment', 'env'), MANIFEST_FILE)} names "c1": ` +
+        'every participant must restore the same checkpoint',
+    );
+    await expectUntouched(participants, memory);
+    const expected = { source: join(root, 'controller.json'), checkpointId: 'c2' };
+    await expect(restore(participants, 'back', root, scope, soon(), { expected })).rejects.toThrow(
+      /names checkpoint "c1", but .*controller\.json names "c2"/,
+    );
+    await expectUntouched(participants, memory);
+
+    const replies = await restore(participants, 'back', root, scope, soon());
+    expect(replies.env).toMatchObject({ phase: 'restored', restored: ['r1-a1', 'r2-a1'] });
+  });
+
+  test('the checks are bounded by the restore deadline: past it nothing is sent', async () => {
+    const root = await checkpoint('c1');
+    const { participants, memory } = await freshPair();
+    const error = await restore(participants, 'back', root, scope, soon(-1)).catch((e) => e);
+    expect(error).toBeInstanceOf(DeadlineExceededError);
+    await expectUntouched(participants, memory);
+  });
+
+  test('a scope episode no environment holds is refused, or left out as a restart when asked', async () => {
+    const root = await checkpoint('c1');
+    const { participants, memory } = await freshPair();
+    const wider = [...scope, episodeId('r7')];
+    await expect(restore(participants, 'back', root, wider, soon())).rejects.toThrow(
+      /^1 episode\(s\) in the restore scope are not held by a participant that must hold them: r7 \(not in .*\/environment\/env\/manifest\.json\);/,
+    );
+    await expectUntouched(participants, memory);
+    const checked = await checkRestore(participants, root, wider, { allowRestart: true });
+    expect(checked).toEqual({ scope, restarts: [episodeId('r7')] });
+    const replies = await restore(participants, 'back', root, checked.scope, soon());
+    expect(replies.env).toMatchObject({ phase: 'restored', restored: ['r1-a1', 'r2-a1'] });
+  });
 });

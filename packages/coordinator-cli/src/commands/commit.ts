@@ -64,6 +64,7 @@ export async function commitAndPublish(
       scope,
       restarts: inFlight.restarts,
       recordCounts: counts,
+      exportedByServer: exported,
     }),
     ctx.stack.checkpoint?.signingKey,
   );

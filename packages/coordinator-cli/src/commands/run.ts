@@ -30,7 +30,7 @@ import { Collector, type Dispatch, type InputTask, parseTasks } from '../collect
 import { CliFailure, CommandContext, describe, generatedId } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
 import { type CommandResult, table } from '../output.js';
-import { CONTROLLER_FILE, type ControllerRecord } from '../publication.js';
+import { CONTROLLER_FILE, type ControllerRecord, parseControllerRecord } from '../publication.js';
 import { checkpointCommand } from './checkpoint.js';
 import { restoreCommand } from './restore.js';
 
@@ -46,7 +46,7 @@ export function latestCheckpoint(
     if (!entry.isDirectory()) continue;
     const path = join(dir, entry.name, CONTROLLER_FILE);
     if (!existsSync(path)) continue;
-    const record = JSON.parse(readFileSync(path, 'utf8')) as ControllerRecord;
+    const record = parseControllerRecord(readFileSync(path, 'utf8'), path);
     if (!latest || record.published_at > latest.record.published_at) {
       latest = { dir: join(dir, entry.name), record };
     }

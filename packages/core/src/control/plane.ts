@@ -11,6 +11,7 @@
 import {
   CheckpointConflictError,
   CheckpointError,
+  CheckpointStateError,
   CkptGymError,
   DeadlineExceededError,
   ExportFailedError,
@@ -580,9 +581,6 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       if (earlier) return earlier as RestoreReply;
       this.#admit('restore', id);
       this.participant.checkRestore();
-      // Before anything the deadline limits: a harness that outlived the crash may still call with
-      // the attempts this restore replaces, and a restore cut short must refuse them all the same.
-      this.participant.marks.mark(req.episode_ids);
       const bound = <T>(p: Promise<T>): Promise<T> =>
         withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
@@ -608,6 +606,10 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         ));
         readAt = performance.now();
         cpuAtRead = process.cpuUsage();
+        // Once the checkpoint is accepted, before the install the deadline limits: a harness that
+        // outlived the crash may still call with the attempts this restore replaces. A refused
+        // checkpoint raises no marks.
+        this.participant.marks.mark(req.episode_ids);
         const earlierInstall = this.#install;
         if (earlierInstall) await bound(earlierInstall.settled());
         // Taking over: an earlier failed restore no longer reopens when its install ends.
@@ -626,6 +628,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         });
         await bound(install.promise);
       } catch (err) {
+        // A restore cut short (not refused) still refuses the attempts it replaces.
+        if (!(err instanceof CheckpointStateError)) this.participant.marks.mark(req.episode_ids);
         if (generation !== null) await this.#rollBackRestore(generation, install);
         throw err;
       }

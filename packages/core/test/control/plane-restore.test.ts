@@ -82,6 +82,23 @@ describe('restore', () => {
     expect(h.plane.status().phase).toBe('idle');
   });
 
+  test('a refused (422) restore raises no retire marks; the untampered checkpoint restores after it', async () => {
+    const h = harness();
+    await writeCheckpoint(h, 'bad', [{ key: 'r', payload: 1 }, { key: 'broken' }]);
+    await withCheckpoint(h);
+    for (const dir of ['bad', 'nothing-here']) {
+      await expect(
+        h.plane.restore(restoreRequest(h, 'c9', dir, ['r', 'broken'])),
+      ).rejects.toMatchObject({ code: 'invalid_checkpoint_state' });
+      expect(h.participant.marks.size).toBe(0);
+      expect(h.plane.status()).toMatchObject({ phase: 'idle', retired_rollouts: 0 });
+      expect(h.participant.restored.size).toBe(0);
+    }
+    const reply = await h.plane.restore(restoreRequest(h, 'c9', 'src', ['r']));
+    expect(reply.restored).toEqual(['r-a1']);
+    expect(h.participant.marks.isRetired(ep('r'))).toBe(true);
+  });
+
   test('a missing checkpoint is a typed error', async () => {
     const h = harness();
     await expect(
