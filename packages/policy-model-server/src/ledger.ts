@@ -3,9 +3,9 @@
  * per delivered model call), a `<key>.lineage.retired` fence (presence = retired; an empty one is
  * a hard link to `.locks/fence`, or what was the key's ledger after a plain retire) and a
  * `<key>.lineage.started` marker (a restored attempt some server sharing the directory started).
- * Per rollout, a `<rollout id>.rollout.retired` fence holding the highest attempt a retire through
- * it named (decimal): every attempt up to it is retired, with or without a per-key fence, so a
- * retire of attempt N writes O(1) files, never one per earlier attempt.
+ * Per rollout, a `<rollout id>.rollout.retired` fence holding an attempt (decimal): every attempt
+ * up to it is retired, with or without a per-key fence. A retire through attempt N spanning more
+ * than a few unfenced attempts raises it, so it writes O(1) files, never one per earlier attempt.
  * Several policy servers may share one directory, so every change to a rollout's files happens
  * under that rollout's cross-process lock (proper-lockfile). Locks are striped: a rollout's lock
  * is `<dir>/.locks/stripe-<n>.lock`, n a hash of its rollout id, so one rollout always takes the
@@ -41,7 +41,10 @@ export const ROLLOUT_FENCE_SUFFIX = '.rollout.retired';
 const ROLLOUT_FENCE_TEMP_SUFFIX = `${ROLLOUT_FENCE_SUFFIX}.tmp`;
 /** Bytes read of a rollout fence: the digits of the highest attempt and a newline, with room. */
 const ROLLOUT_FENCE_MAX_BYTES = 32;
-/** Attempts a retire through N probes one by one (N and those below it); more lists the directory. */
+/**
+ * Attempts above a rollout's fence a retire through N fences one by one, as before rollout fences
+ * (links, no inode: see `#fenceNow`); more raise the rollout fence and list the directory.
+ */
 const THROUGH_PROBE_WINDOW = 16;
 /** Token-store files a dead execution may leave; the restore's cleanup deletes them too. */
 export const TOKEN_SUFFIXES = ['.tokens.jsonl', '.tokens.incomplete'] as const;
@@ -278,12 +281,17 @@ export class CaptureLedger {
     return readRolloutFenceNow(this.rolloutFencePath(rollout_id)) >= attempt;
   }
 
-  /** Raises the rollout's fence to `through` (never lowers it); the attempt it held before. */
-  #raiseRolloutFenceNow(rolloutId: string, through: number): number {
-    const path = this.rolloutFencePath(rolloutId);
-    const previous = readRolloutFenceNow(path);
-    if (through > previous) writeRolloutFenceNow(path, through);
-    return previous;
+  /**
+   * A retire through `w.through`: the keys to fence one by one, those of the attempts above the
+   * rollout's fence when they are at most THROUGH_PROBE_WINDOW; else undefined, having raised the
+   * rollout's fence to `w.through` (it never goes down here).
+   */
+  #fenceThroughNow(w: RolloutWork): string[] | undefined {
+    if (w.through < 0) return [];
+    const path = this.rolloutFencePath(w.rolloutId);
+    const keys = attemptKeys(w.rolloutId, readRolloutFenceNow(path) + 1, w.through);
+    if (keys === undefined) writeRolloutFenceNow(path, w.through);
+    return keys;
   }
 
   /** Lowers the rollout's fence below `attempt` (removes it at 0), so `attempt` is unfenced. */
@@ -527,12 +535,11 @@ export class CaptureLedger {
   }
 
   /**
-   * Retires every attempt of each episode's rollout up to the episode's: raises the rollout's
-   * fence to it (one file, whatever the attempt), retires the ledgers those attempts hold (as
-   * `retire`) and fences the named attempt on its own too (what a reader of per-key fences
-   * sees). It probes the attempts above the rollout's previous fence one by one when they are at
-   * most THROUGH_PROBE_WINDOW, else lists the directory once: the cost follows the files on disk
-   * and the request, never the attempt number.
+   * Retires every attempt of each episode's rollout up to the episode's, as `retire` of each
+   * when the attempts above the rollout's fence are at most THROUGH_PROBE_WINDOW. Past that it
+   * raises the rollout's fence (one file, whatever the attempt), lists the directory once, retires
+   * the ledgers those attempts hold and fences the named attempt on its own too: the cost follows
+   * the files on disk and the request, never the attempt number.
    */
   async retireThrough(episodes: readonly EpisodeId[]): Promise<RolloutRemoval> {
     return this.#retireAndInstall([], new Map(), episodes);
@@ -615,13 +622,12 @@ export class CaptureLedger {
       let done = 0;
       for (const w of work.values()) {
         if (++done % BATCH_SLICE === 0) await yieldToLoop();
-        const previous = w.through < 0 ? -1 : this.#raiseRolloutFenceNow(w.rolloutId, w.through);
-        const probed = attemptKeys(w.rolloutId, Math.max(previous + 1, 0), w.through);
-        if (probed === undefined) index ??= await this.listByRollout(work);
+        const fenced = this.#fenceThroughNow(w);
+        if (fenced === undefined) index ??= await this.listByRollout(work);
         const files = index
           ? new Map((index.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
-          : this.#probeNow([...w.retired, ...(probed ?? [])]);
-        w.retired = [...new Set([...w.retired, ...keysThrough(w, files)])];
+          : this.#probeNow([...w.retired, ...(fenced ?? [])]);
+        w.retired = [...new Set([...w.retired, ...(fenced ?? keysThrough(w, files))])];
         const donors = donorsFor(w, targets, files);
         const donating = new Set(donors.values());
         for (const key of w.retired) {
@@ -876,8 +882,8 @@ function firstAttempt(keys: readonly string[]): number {
 }
 
 /**
- * The keys of the rollout's attempts `from..to` to probe one by one: none when `from > to`,
- * undefined when they are more than THROUGH_PROBE_WINDOW (list the directory instead).
+ * The keys of the rollout's attempts `from..to`: none when `from > to`, undefined when they are
+ * more than THROUGH_PROBE_WINDOW.
  */
 function attemptKeys(rolloutId: string, from: number, to: number): string[] | undefined {
   if (to - from + 1 > THROUGH_PROBE_WINDOW) return undefined;
@@ -889,8 +895,8 @@ function attemptKeys(rolloutId: string, from: number, to: number): string[] | un
 }
 
 /**
- * What a retire through `w.through` retires one by one: the named attempt (fenced on its own)
- * and every earlier attempt with a file in `files`; the rollout fence covers the others.
+ * What a retire through `w.through` that raised the rollout fence retires one by one: the named
+ * attempt (fenced on its own) and every earlier attempt with a file in `files`.
  */
 function keysThrough(w: RolloutWork, files: ReadonlyMap<string, number>): string[] {
   if (w.through < 0) return [];

@@ -243,7 +243,15 @@ describe('CaptureLedger files', () => {
     await ledger.retireThrough([{ rollout_id: 'r', attempt: 5 }]);
     expect(await ledger.isRetired('r-a2999999')).toBe(true);
     await ledger.retireThrough([{ rollout_id: 'r', attempt: MAX_ATTEMPT }]);
-    expect((await files(ledger)).length).toBe(after.length + 3);
+    // r-a3000001's ledger became its fence; the named attempt's fence is the one new file.
+    expect(await files(ledger)).toEqual([
+      'r-a2.lineage.retired',
+      'r-a2147483647.lineage.retired',
+      'r-a3000000.lineage.retired',
+      'r-a3000001.lineage.retired',
+      'r.rollout.retired',
+      's.lineage.jsonl',
+    ]);
     expect(await ledger.isRetired('r-a3000001')).toBe(true);
   });
 
@@ -251,10 +259,10 @@ describe('CaptureLedger files', () => {
     const ledger = await ledgerAt();
     await writeFile(join(ledger.dir, 'r-a7.lineage.retired'), '');
     await writeFile(join(ledger.dir, 'q-a2.lineage.retired'), '{"model_call_id":"old"}\n');
-    await ledger.retireThrough([{ rollout_id: 'r', attempt: 3 }]);
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: 100 }]);
     expect(await files(ledger)).toEqual([
       'q-a2.lineage.retired',
-      'r-a3.lineage.retired',
+      'r-a100.lineage.retired',
       'r-a7.lineage.retired',
       'r.rollout.retired',
     ]);
@@ -263,26 +271,32 @@ describe('CaptureLedger files', () => {
       expect(await ledger.append(key, row('late'))).toBe('discarded');
       expect(await ledger.markStarted(key)).toBe(false);
     }
-    for (const key of ['r-a4', 'q', 'q-a3']) {
+    for (const key of ['r-a101', 'q', 'q-a3']) {
       expect([key, await ledger.isRetired(key)]).toEqual([key, false]);
     }
+    // A retire through a few attempts still writes the per-key layout, as before rollout fences.
+    await ledger.retireThrough([{ rollout_id: 's', attempt: 2 }]);
+    expect((await files(ledger)).filter((name) => name.startsWith('s'))).toEqual([
+      's-a1.lineage.retired',
+      's-a2.lineage.retired',
+      's.lineage.retired',
+    ]);
   });
 
   it('a restore lowers a rollout fence below its target, a delete below the key it deletes', async () => {
     const ledger = await ledgerAt();
-    await ledger.retireThrough([{ rollout_id: 'r', attempt: 10 }]);
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: 100 }]);
     await ledger.restore(new Map([['r-a3', [row('c1')]]]), [], [{ rollout_id: 'r', attempt: 2 }]);
     expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('2\n');
     expect(await ledger.exportRows('r-a3')).toEqual([row('c1')]);
-    expect([await ledger.isRetired('r-a2'), await ledger.isRetired('r-a10')]).toEqual([
+    expect([await ledger.isRetired('r-a2'), await ledger.isRetired('r-a100')]).toEqual([
       true,
       false,
     ]);
     await ledger.delete(['r-a1']);
     expect([await ledger.isRetired('r'), await ledger.isRetired('r-a1')]).toEqual([true, false]);
     await ledger.delete(['r']);
-    // The rollout fence is gone; the restore's own fence of attempt 2 stays.
-    expect(await files(ledger)).toEqual(['r-a2.lineage.retired', 'r-a3.lineage.jsonl']);
+    expect(await files(ledger)).toEqual(['r-a3.lineage.jsonl']);
   });
 
   it('a retire keeps the retired rows in the fence and reads as retired until a delete', async () => {

@@ -168,9 +168,8 @@ describe('restore', () => {
     expect(await ls(captureDir)).toEqual([
       'r-a1.lineage.retired',
       'r-a2.lineage.jsonl',
-      'r.rollout.retired',
+      'r.lineage.retired',
     ]);
-    expect(await second.server.ledger!.isRetired('r')).toBe(true);
   });
 
   it('a chain of restores keeps each row’s original stamp', () => {
@@ -202,11 +201,7 @@ describe('restore', () => {
     }
     const second = await startHarness({ fake, captureDir });
     expect((await restore(second, 'c2', dir, ['q'])).status).toBe(200);
-    expect(await ls(captureDir)).toEqual([
-      'q.lineage.retired',
-      'q.rollout.retired',
-      'q1-a1.lineage.jsonl',
-    ]);
+    expect(await ls(captureDir)).toEqual(['q.lineage.retired', 'q1-a1.lineage.jsonl']);
   });
 
   it('the first admitted call of a restored attempt creates its started marker; a commit leaving it out keeps its ledger, and deletes an unstarted one without a fence', async () => {
@@ -237,9 +232,7 @@ describe('restore', () => {
       'r-a1.lineage.jsonl',
       'r-a1.lineage.started',
       'r.lineage.retired',
-      'r.rollout.retired',
       's.lineage.retired',
-      's.rollout.retired',
     ]);
     expect(second.server.participant!.restoredPending()).toEqual([]);
   });
@@ -270,7 +263,7 @@ describe('restore', () => {
     expect(participant.restoredPending()).toEqual([{ rollout_id: 'r', attempt: 1 }]);
     await participant.deleteRestored({ rollout_id: 'r', attempt: 1 });
     expect(participant.restoredPending()).toEqual([]);
-    expect(await ls(ledger.dir)).toEqual(['r.lineage.retired', 'r.rollout.retired']);
+    expect(await ls(ledger.dir)).toEqual(['r.lineage.retired']);
   });
 });
 
@@ -342,7 +335,6 @@ describe('retire', () => {
       'r-a1.lineage.retired',
       'r-a2.lineage.jsonl',
       'r.lineage.retired',
-      'r.rollout.retired',
     ]);
   });
 
