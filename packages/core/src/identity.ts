@@ -34,6 +34,13 @@ export const MAX_ROLLOUT_ID_LENGTH =
 /** The longest capture key (237): the longest rollout id at the highest attempt. */
 export const MAX_CAPTURE_KEY_LENGTH = MAX_ROLLOUT_ID_LENGTH + ATTEMPT_SUFFIX_MAX_LENGTH;
 
+/**
+ * The highest attempt (2^31 − 1): a controller's retry counter never comes near it, and a number
+ * a request names never sizes work (an attempt of 2^32 once made a retire build an array of that
+ * length). The seed sets no limit: ours. Its key suffix is shorter than the length budget above.
+ */
+export const MAX_ATTEMPT = 2_147_483_647;
+
 export interface EpisodeId {
   readonly rollout_id: string;
   readonly attempt: number;
@@ -58,6 +65,7 @@ function attemptProblem(attempt: unknown): string | undefined {
   if (typeof attempt !== 'number' || !Number.isSafeInteger(attempt) || attempt < 0) {
     return `attempt must be a non-negative safe integer, got ${JSON.stringify(attempt)}`;
   }
+  if (attempt > MAX_ATTEMPT) return `attempt ${attempt} is above ${MAX_ATTEMPT}`;
   return undefined;
 }
 
@@ -105,9 +113,9 @@ export function parseCaptureKey(key: string): EpisodeId {
   const match = RESERVED_ATTEMPT_SUFFIX.exec(key);
   if (!match) return episodeId(key, 0);
   const attempt = Number(match[1]);
-  if (!Number.isSafeInteger(attempt)) {
+  if (!(attempt <= MAX_ATTEMPT)) {
     throw new InvalidRolloutIdError(
-      `capture key ${JSON.stringify(key)} has an attempt beyond 2^53`,
+      `capture key ${JSON.stringify(key)} has an attempt above ${MAX_ATTEMPT}`,
     );
   }
   return episodeId(key.slice(0, match.index), attempt);

@@ -134,6 +134,8 @@ export interface RunOptions {
 export interface EpisodeStepsOptions {
   /** Readiness may have changed; called only while a checkpoint is open. */
   onChange?: () => void;
+  /** An episode is no longer tracked (so an owner's index of the keys can drop it). */
+  onForget?: (key: string) => void;
 }
 
 /** A timer whose remaining time can be frozen and thawed. */
@@ -235,6 +237,7 @@ function untilDone(done: Promise<void>, signal: AbortSignal | undefined): Promis
 export class EpisodeSteps {
   private readonly episodes = new Map<string, Episode>();
   private readonly onChange: (() => void) | undefined;
+  private readonly onForget: ((key: string) => void) | undefined;
   private isClosed = false;
   /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
   private blocking = 0;
@@ -245,6 +248,7 @@ export class EpisodeSteps {
 
   constructor(options: EpisodeStepsOptions = {}) {
     this.onChange = options.onChange;
+    this.onForget = options.onForget;
   }
 
   /**
@@ -421,6 +425,7 @@ export class EpisodeSteps {
     if (isBlocking(ep)) this.blocking -= 1;
     ep.tracked = false;
     this.episodes.delete(ep.key);
+    this.onForget?.(ep.key);
     this.toEncode.delete(ep);
     ep.deadline?.cancel();
     this.changed();

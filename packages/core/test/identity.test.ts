@@ -8,6 +8,7 @@ import {
   episodeIdFromJson,
   InvalidRequestError,
   InvalidRolloutIdError,
+  MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
   nextAttempt,
@@ -42,14 +43,11 @@ describe('capture keys', () => {
 
   test('a rollout id is at most MAX_ROLLOUT_ID_LENGTH characters, so its capture keys fit a file name with a suffix', () => {
     const longest = 'r'.repeat(MAX_ROLLOUT_ID_LENGTH);
-    const highest = captureKey(episodeId(longest, Number.MAX_SAFE_INTEGER));
+    const highest = captureKey(episodeId(longest, MAX_ATTEMPT));
     expect([MAX_ROLLOUT_ID_LENGTH, highest.length, MAX_CAPTURE_KEY_LENGTH]).toEqual([
-      219, 237, 237,
+      219, 231, 237,
     ]);
-    expect(parseCaptureKey(highest)).toEqual({
-      rollout_id: longest,
-      attempt: Number.MAX_SAFE_INTEGER,
-    });
+    expect(parseCaptureKey(highest)).toEqual({ rollout_id: longest, attempt: MAX_ATTEMPT });
     const tooLong = `${longest}r`;
     expect(() => episodeId(tooLong)).toThrow(
       new InvalidRolloutIdError(`rollout_id of 220 characters is longer than 219`),
@@ -65,6 +63,22 @@ describe('capture keys', () => {
     expect(() => parseCaptureKey('r'.repeat(1_000_000))).toThrow(
       `capture key of 1000000 characters is longer than ${MAX_CAPTURE_KEY_LENGTH}`,
     );
+  });
+
+  test('an attempt is at most MAX_ATTEMPT: in a capture key 400 invalid_rollout_id, in a body 422', () => {
+    expect(parseCaptureKey(`r-a${MAX_ATTEMPT}`)).toEqual({ rollout_id: 'r', attempt: MAX_ATTEMPT });
+    for (const attempt of [MAX_ATTEMPT + 1, 2 ** 32, Number.MAX_SAFE_INTEGER, 2 ** 53]) {
+      expect(() => parseCaptureKey(`r-a${attempt}`)).toThrow(
+        new InvalidRolloutIdError(
+          `capture key "r-a${attempt}" has an attempt above ${MAX_ATTEMPT}`,
+        ),
+      );
+      expect(() => episodeId('r', attempt)).toThrow(InvalidRolloutIdError);
+      expect(() => episodeIdFromJson({ rollout_id: 'r', attempt })).toThrow(InvalidRequestError);
+      expect(() => parseRolloutPath(`/ng-rollout/r-a${attempt}/v1/responses`)).toThrow(
+        InvalidRolloutIdError,
+      );
+    }
   });
 
   test('every valid capture key round-trips', () => {

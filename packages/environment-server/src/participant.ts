@@ -124,10 +124,36 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
   /** Set by a restore: replacements wait for the controller's resume. */
   private awaitingResume = false;
   private carriedRestarts: ReadonlySet<string> = new Set();
+  /** Tracked keys (live or restored) by rollout id: a retire looks up its rollout's keys only. */
+  private readonly keysByRollout = new Map<string, Set<string>>();
 
   constructor(instance: string) {
     super('environment', instance);
-    this.steps = new EpisodeSteps({ onChange: () => this.notifyChange() });
+    this.steps = new EpisodeSteps({
+      onChange: () => this.notifyChange(),
+      onForget: (key) => this.untrack(key),
+    });
+  }
+
+  private track(key: string): void {
+    const { rollout_id } = parseCaptureKey(key);
+    const keys = this.keysByRollout.get(rollout_id) ?? new Set();
+    keys.add(key);
+    this.keysByRollout.set(rollout_id, keys);
+  }
+
+  /** Drops `key` from the index once neither the steps nor the restored records hold it. */
+  private untrack(key: string): void {
+    if (this.steps.has(key) || this.restored.has(key)) return;
+    const { rollout_id } = parseCaptureKey(key);
+    const keys = this.keysByRollout.get(rollout_id);
+    keys?.delete(key);
+    if (keys?.size === 0) this.keysByRollout.delete(rollout_id);
+  }
+
+  private deleteRestoredRecord(key: string): void {
+    this.restored.delete(key);
+    this.untrack(key);
   }
 
   /**
@@ -165,6 +191,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     if (this.steps.has(key)) {
       return Promise.reject(new CheckpointError(`episode ${key} is already running`));
     }
+    this.track(key);
     return this.steps.run(
       key,
       {
@@ -174,7 +201,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
       },
       async (ep) => {
         // Claimed only now: the restored record stays until a replacement actually starts.
-        this.restored.delete(key);
+        this.deleteRestoredRecord(key);
         this.digests.set(key, { episode: episodeIdToJson(episode), digest });
         try {
           return await work(ep);
@@ -283,6 +310,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     for (const record of records) {
       const replacement = nextAttempt(record.episode_id);
       this.restored.set(captureKey(replacement), copyRecord(record, replacement));
+      this.track(captureKey(replacement));
     }
     this.awaitingResume = true;
     return Promise.resolve();
@@ -294,7 +322,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
 
   /** Frees the restored record only: the controller may still start that attempt over. */
   override deleteRestored(episode: EpisodeId): Promise<void> {
-    this.restored.delete(captureKey(episode));
+    this.deleteRestoredRecord(captureKey(episode));
     return Promise.resolve();
   }
 
@@ -302,26 +330,16 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
   async retire(episode: EpisodeId): Promise<void> {
     const live = this.coveredKeys(episode).filter((key) => this.steps.has(key));
     await Promise.all(live.map((key) => this.steps.retire(key)));
-    for (const key of this.coveredKeys(episode)) this.restored.delete(key);
+    for (const key of this.coveredKeys(episode)) this.deleteRestoredRecord(key);
   }
 
   /**
-   * Tracked keys (live or restored) of the attempts `episode` covers. A controller retires
-   * thousands of rollouts one by one, so this looks up the covered attempts' keys (usually one or
-   * two) instead of scanning every episode, unless there are more attempts than episodes.
+   * Tracked keys (live or restored) of the attempts `episode` covers, from its rollout's own keys:
+   * a controller retires thousands of rollouts one by one, and an attempt number sizes nothing.
    */
   private coveredKeys(episode: EpisodeId): string[] {
-    const tracked = (key: string) => this.steps.has(key) || this.restored.has(key);
-    if (episode.attempt < this.steps.size + this.restored.size) {
-      const keys: string[] = [];
-      for (let attempt = 0; attempt <= episode.attempt; attempt += 1) {
-        const key = captureKey({ rollout_id: episode.rollout_id, attempt });
-        if (tracked(key)) keys.push(key);
-      }
-      return keys;
-    }
-    const all = new Set([...this.steps.keys(), ...this.restored.keys()]);
-    return [...all].filter((key) => covers(episode, parseCaptureKey(key)));
+    const keys = this.keysByRollout.get(episode.rollout_id) ?? [];
+    return [...keys].filter((key) => covers(episode, parseCaptureKey(key)));
   }
 
   /** A rollout whose retired attempt is still running (a retire cut short) keeps its mark. */

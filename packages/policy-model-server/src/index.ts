@@ -18,19 +18,14 @@ export {
   type LedgerManifest,
   LOCK_DIR,
   LOCK_STRIPES,
+  ROLLOUT_FENCE_SUFFIX,
   lockStripe,
   type RolloutRemoval,
   STARTED_SUFFIX,
   TOKEN_SUFFIXES,
   keyOfFile,
 } from './ledger.js';
-export {
-  type ModelRecord,
-  PolicyParticipant,
-  UNTAGGED_BLOCKER,
-  attemptsThrough,
-  stampRows,
-} from './participant.js';
+export { type ModelRecord, PolicyParticipant, UNTAGGED_BLOCKER, stampRows } from './participant.js';
 export {
   BackendClient,
   GENERATION_BODY_LIMIT,

@@ -3,6 +3,9 @@
  * per delivered model call), a `<key>.lineage.retired` fence (presence = retired; an empty one is
  * a hard link to `.locks/fence`, or what was the key's ledger after a plain retire) and a
  * `<key>.lineage.started` marker (a restored attempt some server sharing the directory started).
+ * Per rollout, a `<rollout id>.rollout.retired` fence holding an attempt (decimal): every attempt
+ * up to it is retired, with or without a per-key fence. A retire through attempt N spanning more
+ * than a few unfenced attempts raises it, so it writes O(1) files, never one per earlier attempt.
  * Several policy servers may share one directory, so every change to a rollout's files happens
  * under that rollout's cross-process lock (proper-lockfile). Locks are striped: a rollout's lock
  * is `<dir>/.locks/stripe-<n>.lock`, n a hash of its rollout id, so one rollout always takes the
@@ -17,8 +20,10 @@ import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
 import {
+  captureKey,
   decodeJson,
   encodeJson,
+  type EpisodeId,
   forEachBounded,
   fsyncDirectory,
   type JsonObject,
@@ -30,6 +35,17 @@ import lockfile from 'proper-lockfile';
 export const LEDGER_SUFFIX = '.lineage.jsonl';
 export const FENCE_SUFFIX = '.lineage.retired';
 export const STARTED_SUFFIX = '.lineage.started';
+/** `<rollout id>.rollout.retired`: the rollout's attempts up to the one it holds are retired. */
+export const ROLLOUT_FENCE_SUFFIX = '.rollout.retired';
+/** Written first and renamed over the rollout fence, so a reader never sees a partial number. */
+const ROLLOUT_FENCE_TEMP_SUFFIX = `${ROLLOUT_FENCE_SUFFIX}.tmp`;
+/** Bytes read of a rollout fence: the digits of the highest attempt and a newline, with room. */
+const ROLLOUT_FENCE_MAX_BYTES = 32;
+/**
+ * Attempts above a rollout's fence a retire through N fences one by one, as before rollout fences
+ * (links, no inode: see `#fenceNow`); more raise the rollout fence and list the directory.
+ */
+const THROUGH_PROBE_WINDOW = 16;
 /** Token-store files a dead execution may leave; the restore's cleanup deletes them too. */
 export const TOKEN_SUFFIXES = ['.tokens.jsonl', '.tokens.incomplete'] as const;
 /** Every per-key file the restore's cleanup deletes, longest suffix first (none is a suffix of another). */
@@ -131,6 +147,37 @@ function writeAllNow(fd: number, data: Buffer): void {
   }
 }
 
+/** The highest attempt `path` (a rollout fence) retires, or -1 when there is none. */
+function readRolloutFenceNow(path: string): number {
+  let fd: number;
+  try {
+    fd = fs.openSync(path, 'r');
+  } catch (err) {
+    if (isMissing(err)) return -1;
+    throw err;
+  }
+  const buffer = Buffer.alloc(ROLLOUT_FENCE_MAX_BYTES);
+  let length: number;
+  try {
+    length = fs.readSync(fd, buffer, 0, buffer.length, 0);
+  } finally {
+    fs.closeSync(fd);
+  }
+  const text = buffer.toString('latin1', 0, length);
+  const attempt = Number(text.trimEnd());
+  if (!/^(0|[1-9][0-9]*)\n?$/.test(text) || !Number.isSafeInteger(attempt)) {
+    throw new Error(`rollout fence ${path} does not hold an attempt number`);
+  }
+  return attempt;
+}
+
+/** Replaces the rollout fence at `path` with `attempt`, atomically (a temporary file renamed). */
+function writeRolloutFenceNow(path: string, attempt: number): void {
+  const temp = path.slice(0, -ROLLOUT_FENCE_SUFFIX.length) + ROLLOUT_FENCE_TEMP_SUFFIX;
+  overwriteNow(temp, `${attempt}\n`);
+  fs.renameSync(temp, path);
+}
+
 function isMissing(err: unknown): boolean {
   return (err as NodeJS.ErrnoException).code === 'ENOENT';
 }
@@ -221,6 +268,38 @@ export class CaptureLedger {
 
   path(key: string, suffix: string): string {
     return join(this.dir, `${key}${suffix}`);
+  }
+
+  rolloutFencePath(rolloutId: string): string {
+    return join(this.dir, `${rolloutId}${ROLLOUT_FENCE_SUFFIX}`);
+  }
+
+  /** True when `key` has a fence of its own or its rollout's fence reaches its attempt. */
+  async #fenced(key: string): Promise<boolean> {
+    if (await exists(this.path(key, FENCE_SUFFIX))) return true;
+    const { rollout_id, attempt } = parseCaptureKey(key);
+    return readRolloutFenceNow(this.rolloutFencePath(rollout_id)) >= attempt;
+  }
+
+  /**
+   * A retire through `w.through`: the keys to fence one by one, those of the attempts above the
+   * rollout's fence when they are at most THROUGH_PROBE_WINDOW; else undefined, having raised the
+   * rollout's fence to `w.through` (it never goes down here).
+   */
+  #fenceThroughNow(w: RolloutWork): string[] | undefined {
+    if (w.through < 0) return [];
+    const path = this.rolloutFencePath(w.rolloutId);
+    const keys = attemptKeys(w.rolloutId, readRolloutFenceNow(path) + 1, w.through);
+    if (keys === undefined) writeRolloutFenceNow(path, w.through);
+    return keys;
+  }
+
+  /** Lowers the rollout's fence below `attempt` (removes it at 0), so `attempt` is unfenced. */
+  #lowerRolloutFenceNow(rolloutId: string, attempt: number): void {
+    const path = this.rolloutFencePath(rolloutId);
+    if (readRolloutFenceNow(path) < attempt) return;
+    if (attempt === 0) removeNow(path);
+    else writeRolloutFenceNow(path, attempt - 1);
   }
 
   /** Runs `fn` holding the rollout's lock, in this process and across processes. */
@@ -336,7 +415,7 @@ export class CaptureLedger {
     return this.#lockKey(key, async () => {
       const ledger = this.path(key, LEDGER_SUFFIX);
       const creating = !(await exists(ledger));
-      if (creating && (await exists(this.path(key, FENCE_SUFFIX)))) return 'discarded';
+      if (creating && (await this.#fenced(key))) return 'discarded';
       const handle = await open(ledger, 'a');
       try {
         await handle.write(line);
@@ -430,7 +509,7 @@ export class CaptureLedger {
   }
 
   async isRetired(key: string): Promise<boolean> {
-    return !(await exists(this.path(key, LEDGER_SUFFIX))) && exists(this.path(key, FENCE_SUFFIX));
+    return !(await exists(this.path(key, LEDGER_SUFFIX))) && this.#fenced(key);
   }
 
   /** The key's rows split into records and failures; a retired key is `LedgerRetiredError`. */
@@ -452,15 +531,31 @@ export class CaptureLedger {
    * gets an empty fence and is `absent`; its started marker goes. One directory sync per batch.
    */
   async retire(keys: readonly string[]): Promise<RolloutRemoval> {
-    return this.#retireAndInstall(validKeys(keys), new Map());
+    return this.#retireAndInstall(validKeys(keys), new Map(), []);
   }
 
-  /** Deletes each key's ledger, fence and started marker, so the key reads as unused again. */
+  /**
+   * Retires every attempt of each episode's rollout up to the episode's, as `retire` of each
+   * when the attempts above the rollout's fence are at most THROUGH_PROBE_WINDOW. Past that it
+   * raises the rollout's fence (one file, whatever the attempt), lists the directory once, retires
+   * the ledgers those attempts hold and fences the named attempt on its own too: the cost follows
+   * the files on disk and the request, never the attempt number.
+   */
+  async retireThrough(episodes: readonly EpisodeId[]): Promise<RolloutRemoval> {
+    return this.#retireAndInstall([], new Map(), episodes);
+  }
+
+  /**
+   * Deletes each key's ledger, fence and started marker, so the key reads as unused again (a
+   * rollout fence reaching the key is lowered below it).
+   */
   async delete(keys: readonly string[]): Promise<RolloutRemoval> {
     const unique = validKeys(keys);
     const removal: RolloutRemoval = { removed: [], absent: [] };
     await this.#underLocks(unique, rolloutOfKey, async (key) => {
       this.#known.delete(key);
+      const { rollout_id, attempt } = parseCaptureKey(key);
+      this.#lowerRolloutFenceNow(rollout_id, attempt);
       const removed = await remove(this.path(key, LEDGER_SUFFIX));
       await remove(this.path(key, FENCE_SUFFIX));
       await remove(this.path(key, STARTED_SUFFIX));
@@ -482,29 +577,37 @@ export class CaptureLedger {
 
   /**
    * A restore's ledger work in one batch: retires `retired` (as `retire`) and installs `targets`
-   * (as `importMany`), holding all the batch's stripes at once, so one listing of the directory
-   * is exact for the whole batch. A target ledger a dead execution left is overwritten in place
-   * (no unlink first); a new one is created. One directory sync at the end.
+   * (as `importMany`) and retires through each of `through` (as `retireThrough`), holding all
+   * the batch's stripes at once, so one listing of the directory is exact for the whole batch. A
+   * target's rollout fence is lowered below it. A target ledger a dead execution left is
+   * overwritten in place (no unlink first); a new one is created. One directory sync at the end.
    */
   async restore(
     targets: ReadonlyMap<string, readonly JsonObject[]>,
     retired: readonly string[],
+    through: readonly EpisodeId[] = [],
   ): Promise<RolloutRemoval> {
     for (const key of targets.keys()) parseCaptureKey(key);
-    return this.#retireAndInstall(validKeys(retired), targets);
+    return this.#retireAndInstall(validKeys(retired), targets, through);
   }
 
   async #retireAndInstall(
     retired: readonly string[],
     targets: ReadonlyMap<string, readonly JsonObject[]>,
+    through: readonly EpisodeId[],
   ): Promise<RolloutRemoval> {
     const work = new Map<string, RolloutWork>();
     const of = (rolloutId: string): RolloutWork => {
       let entry = work.get(rolloutId);
-      if (!entry) work.set(rolloutId, (entry = { rolloutId, retired: [], targets: [] }));
+      if (!entry)
+        work.set(rolloutId, (entry = { rolloutId, retired: [], through: -1, targets: [] }));
       return entry;
     };
     for (const key of retired) of(rolloutOfKey(key)).retired.push(key);
+    for (const e of through) {
+      const w = of(e.rollout_id);
+      w.through = Math.max(w.through, e.attempt);
+    }
     for (const key of targets.keys()) of(rolloutOfKey(key)).targets.push(key);
     const removal: RolloutRemoval = { removed: [], absent: [] };
     if (work.size === 0) return removal;
@@ -514,20 +617,25 @@ export class CaptureLedger {
       // what the batch finds stays true until it is done. A target's later attempts are unknown:
       // list the directory once; a retire alone looks at its keys' files (cheaper than listing a
       // directory of many rollouts for a few keys).
-      const index = targets.size > 0 ? await this.listByRollout(work) : undefined;
+      let index = targets.size > 0 ? await this.listByRollout(work) : undefined;
       const fencedBefore: string[] = [];
       let done = 0;
       for (const w of work.values()) {
         if (++done % BATCH_SLICE === 0) await yieldToLoop();
+        const fenced = this.#fenceThroughNow(w);
+        if (fenced === undefined) index ??= await this.listByRollout(work);
         const files = index
           ? new Map((index.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
-          : this.#probeNow(w.retired);
+          : this.#probeNow([...w.retired, ...(fenced ?? [])]);
+        w.retired = [...new Set([...w.retired, ...(fenced ?? keysThrough(w, files))])];
         const donors = donorsFor(w, targets, files);
         const donating = new Set(donors.values());
         for (const key of w.retired) {
           this.#retireNow(key, files, removal, fencedBefore, donating.has(key));
         }
-        if (w.targets.length > 0) this.#installNow(w.targets, targets, files, donors);
+        if (w.targets.length === 0) continue;
+        this.#lowerRolloutFenceNow(w.rolloutId, firstAttempt(w.targets));
+        this.#installNow(w.targets, targets, files, donors);
       }
       if (fencedBefore.length === 0) return;
       // A fence an earlier retire stopped after (before removing the ledger) may not be durable
@@ -602,7 +710,7 @@ export class CaptureLedger {
     files: Map<string, number>,
     donors: ReadonlyMap<string, string>,
   ): void {
-    const from = Math.min(...keys.map((key) => parseCaptureKey(key).attempt));
+    const from = firstAttempt(keys);
     const written = new Set(
       keys.filter((key) => (targets.get(key) ?? []).length > 0).map((k) => k + LEDGER_SUFFIX),
     );
@@ -688,7 +796,7 @@ export class CaptureLedger {
    */
   markStarted(key: string): Promise<boolean> {
     return this.#lockKey(key, async () => {
-      if (await exists(this.path(key, FENCE_SUFFIX))) return false;
+      if (await this.#fenced(key)) return false;
       try {
         const handle = await open(
           this.path(key, STARTED_SUFFIX),
@@ -729,7 +837,7 @@ function donorsFor(
 ): Map<string, string> {
   const donors = new Map<string, string>();
   if (w.targets.length === 0) return donors;
-  const first = Math.min(...w.targets.map((key) => parseCaptureKey(key).attempt));
+  const first = firstAttempt(w.targets);
   const candidates = w.retired
     .map((key) => ({ key, attempt: parseCaptureKey(key).attempt }))
     .filter(
@@ -761,8 +869,43 @@ const rolloutOfKey = (key: string): string => parseCaptureKey(key).rollout_id;
 /** One rollout's share of a restore or retire batch. */
 interface RolloutWork {
   rolloutId: string;
+  /** Keys retired one by one. */
   retired: string[];
+  /** The attempt a retire through it names, -1 for none. */
+  through: number;
   targets: string[];
+}
+
+/** The lowest attempt of `keys` (not empty). */
+function firstAttempt(keys: readonly string[]): number {
+  return Math.min(...keys.map((key) => parseCaptureKey(key).attempt));
+}
+
+/**
+ * The keys of the rollout's attempts `from..to`: none when `from > to`, undefined when they are
+ * more than THROUGH_PROBE_WINDOW.
+ */
+function attemptKeys(rolloutId: string, from: number, to: number): string[] | undefined {
+  if (to - from + 1 > THROUGH_PROBE_WINDOW) return undefined;
+  const keys: string[] = [];
+  for (let attempt = from; attempt <= to; attempt++) {
+    keys.push(captureKey({ rollout_id: rolloutId, attempt }));
+  }
+  return keys;
+}
+
+/**
+ * What a retire through `w.through` that raised the rollout fence retires one by one: the named
+ * attempt (fenced on its own) and every earlier attempt with a file in `files`.
+ */
+function keysThrough(w: RolloutWork, files: ReadonlyMap<string, number>): string[] {
+  if (w.through < 0) return [];
+  const keys = [captureKey({ rollout_id: w.rolloutId, attempt: w.through })];
+  for (const [name, attempt] of files) {
+    const key = keyOfFile(name);
+    if (key !== undefined && attempt <= w.through) keys.push(key);
+  }
+  return keys;
 }
 
 function sortRemoval(removal: RolloutRemoval): RolloutRemoval {

@@ -40,13 +40,6 @@ export interface ModelRecord extends CheckpointRecord {
 /** The key named by an untagged call in blockers (prepare reports capture keys). */
 export const UNTAGGED_BLOCKER = '(untagged)';
 
-/** Capture keys of attempts 0..e.attempt of e's rollout. */
-export function attemptsThrough(e: EpisodeId): string[] {
-  return Array.from({ length: e.attempt + 1 }, (_, attempt) =>
-    captureKey({ rollout_id: e.rollout_id, attempt }),
-  );
-}
-
 /**
  * Stamps each carried row with the capture key that staged it; a row already stamped keeps its
  * stamp (a chain of restores names the attempt that staged each call), failure rows are untouched.
@@ -223,7 +216,7 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
         );
       }
       // Attempts 0..N continue as N+1 and never write again.
-      await this.ledger.restore(targets, scope.flatMap(attemptsThrough));
+      await this.ledger.restore(targets, [], scope);
     }
     const inScope = new Set(scope.map(captureKey));
     for (const record of records) {
@@ -258,7 +251,7 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
     for (const key of [...this.#restoredTargets]) {
       if (covers(episode, parseCaptureKey(key))) this.#restoredTargets.delete(key);
     }
-    await this.ledger?.retire(attemptsThrough(episode));
+    await this.ledger?.retireThrough([episode]);
   }
 
   override statusExtra(): Record<string, unknown> {

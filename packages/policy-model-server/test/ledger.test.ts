@@ -7,6 +7,7 @@ import {
   captureKey,
   encodeJson,
   episodeId,
+  MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
 } from '@ckpt-gym/core';
@@ -95,8 +96,8 @@ describe('CaptureLedger files', () => {
 
   it("holds core's longest capture key: every file named after it fits a file name", async () => {
     // Core derives MAX_ROLLOUT_ID_LENGTH from this ledger's longest suffix; a longer one fails here.
-    const key = captureKey(episodeId('r'.repeat(MAX_ROLLOUT_ID_LENGTH), Number.MAX_SAFE_INTEGER));
-    expect(key).toHaveLength(MAX_CAPTURE_KEY_LENGTH);
+    const key = captureKey(episodeId('r'.repeat(MAX_ROLLOUT_ID_LENGTH), MAX_ATTEMPT));
+    expect(key.length).toBeLessThanOrEqual(MAX_CAPTURE_KEY_LENGTH);
     const ledger = await ledgerAt();
     // Token-store files a dead execution may leave; the import deletes them.
     for (const suffix of TOKEN_SUFFIXES)
@@ -211,6 +212,91 @@ describe('CaptureLedger files', () => {
     first!.rows.push(row('not-in-the-ledger'));
     first!.lines.push('{}');
     expect(await rowsOf(ledger, ['r-a0'])).toEqual([[row('c1')]]);
+  });
+
+  it('a retire through attempt 3,000,000 writes a constant number of files, however high the attempt', async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r-a2', row('c1'));
+    await ledger.append('s', row('c2'));
+    const before = await files(ledger);
+    expect(await ledger.retireThrough([{ rollout_id: 'r', attempt: 3_000_000 }])).toEqual({
+      removed: ['r-a2'],
+      absent: ['r-a3000000'],
+    });
+    const after = await files(ledger);
+    expect(after.length - before.length).toBe(2);
+    expect(after).toEqual([
+      'r-a2.lineage.retired',
+      'r-a3000000.lineage.retired',
+      'r.rollout.retired',
+      's.lineage.jsonl',
+    ]);
+    expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('3000000\n');
+    for (const key of ['r', 'r-a2', 'r-a1234567', 'r-a3000000']) {
+      expect([key, await ledger.isRetired(key)]).toEqual([key, true]);
+    }
+    expect(await ledger.isRetired('r-a3000001')).toBe(false);
+    expect(await ledger.append('r-a3000001', row('c3'))).toBe('written');
+    expect(await ledger.markStarted('r-a2999999')).toBe(false);
+    expect(await ledger.isRetired('s')).toBe(false);
+    // A lower retire never lowers the fence; a higher one only rewrites the rollout's fence.
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: 5 }]);
+    expect(await ledger.isRetired('r-a2999999')).toBe(true);
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: MAX_ATTEMPT }]);
+    // r-a3000001's ledger became its fence; the named attempt's fence is the one new file.
+    expect(await files(ledger)).toEqual([
+      'r-a2.lineage.retired',
+      'r-a2147483647.lineage.retired',
+      'r-a3000000.lineage.retired',
+      'r-a3000001.lineage.retired',
+      'r.rollout.retired',
+      's.lineage.jsonl',
+    ]);
+    expect(await ledger.isRetired('r-a3000001')).toBe(true);
+  });
+
+  it('a per-key fence of the old layout still retires its key, beside rollout fences', async () => {
+    const ledger = await ledgerAt();
+    await writeFile(join(ledger.dir, 'r-a7.lineage.retired'), '');
+    await writeFile(join(ledger.dir, 'q-a2.lineage.retired'), '{"model_call_id":"old"}\n');
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: 100 }]);
+    expect(await files(ledger)).toEqual([
+      'q-a2.lineage.retired',
+      'r-a100.lineage.retired',
+      'r-a7.lineage.retired',
+      'r.rollout.retired',
+    ]);
+    for (const key of ['r-a3', 'r-a7', 'q-a2']) {
+      expect([key, await ledger.isRetired(key)]).toEqual([key, true]);
+      expect(await ledger.append(key, row('late'))).toBe('discarded');
+      expect(await ledger.markStarted(key)).toBe(false);
+    }
+    for (const key of ['r-a101', 'q', 'q-a3']) {
+      expect([key, await ledger.isRetired(key)]).toEqual([key, false]);
+    }
+    // A retire through a few attempts still writes the per-key layout, as before rollout fences.
+    await ledger.retireThrough([{ rollout_id: 's', attempt: 2 }]);
+    expect((await files(ledger)).filter((name) => name.startsWith('s'))).toEqual([
+      's-a1.lineage.retired',
+      's-a2.lineage.retired',
+      's.lineage.retired',
+    ]);
+  });
+
+  it('a restore lowers a rollout fence below its target, a delete below the key it deletes', async () => {
+    const ledger = await ledgerAt();
+    await ledger.retireThrough([{ rollout_id: 'r', attempt: 100 }]);
+    await ledger.restore(new Map([['r-a3', [row('c1')]]]), [], [{ rollout_id: 'r', attempt: 2 }]);
+    expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('2\n');
+    expect(await ledger.exportRows('r-a3')).toEqual([row('c1')]);
+    expect([await ledger.isRetired('r-a2'), await ledger.isRetired('r-a100')]).toEqual([
+      true,
+      false,
+    ]);
+    await ledger.delete(['r-a1']);
+    expect([await ledger.isRetired('r'), await ledger.isRetired('r-a1')]).toEqual([true, false]);
+    await ledger.delete(['r']);
+    expect(await files(ledger)).toEqual(['r-a3.lineage.jsonl']);
   });
 
   it('a retire keeps the retired rows in the fence and reads as retired until a delete', async () => {

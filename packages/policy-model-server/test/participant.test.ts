@@ -268,6 +268,54 @@ describe('restore', () => {
 });
 
 describe('retire', () => {
+  it('a retire of attempt 3,000,000 creates a constant number of files; attempts up to it are refused, 3,000,001 is served', async () => {
+    const h = await startHarness();
+    await chat(h.url, 'r');
+    await chat(h.url, 'r-a7');
+    const before = await ls(h.captureDir);
+    expect(before).toEqual(['r-a7.lineage.jsonl', 'r.lineage.jsonl']);
+    const retired = await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: episodes('r-a3000000'),
+    });
+    expect(retired.status).toBe(200);
+    // The ledgers that were there became fences; the named attempt and the rollout got one each.
+    expect(await ls(h.captureDir)).toEqual([
+      'r-a3000000.lineage.retired',
+      'r-a7.lineage.retired',
+      'r.lineage.retired',
+      'r.rollout.retired',
+    ]);
+    for (const key of ['r-a2999999', 'r-a3000000']) {
+      expect((await chat(h.url, key)).body).toMatchObject({ error: { code: 'stale_attempt' } });
+    }
+    expect((await chat(h.url, 'r-a3000001')).status).toBe(200);
+    // What another server sharing the directory reads: attempts up to 3,000,000 retired.
+    const shared = await new CaptureLedger(h.captureDir).init();
+    for (const key of ['r', 'r-a1', 'r-a2999999', 'r-a3000000']) {
+      expect([key, await shared.isRetired(key)]).toEqual([key, true]);
+      await expect(shared.manifest(key)).rejects.toMatchObject({ code: 'rollout_retired' });
+      expect(await shared.append(key, { model_call_id: 'late' })).toBe('discarded');
+    }
+    expect(await shared.isRetired('r-a3000001')).toBe(false);
+    expect(await shared.exportRows('r-a3000001')).toHaveLength(1);
+  });
+
+  it('a retire naming attempt 2^32 is refused 422 invalid_request, not a 409 checkpoint_error', async () => {
+    const h = await startHarness();
+    const reply = await control(h.url, 'retire', {
+      checkpoint_id: 'c0',
+      deadline_ts: deadline(),
+      episode_ids: [{ rollout_id: 'r', attempt: 2 ** 32 }],
+    });
+    expect([reply.status, reply.body]).toEqual([
+      422,
+      { error: expect.objectContaining({ code: 'invalid_request' }) },
+    ]);
+    expect(await ls(h.captureDir)).toEqual([]);
+  });
+
   it('a retire stops a running generation before it replies, and retires the ledgers of attempts 0 to N but not N+1', async () => {
     const h = await startHarness();
     await chat(h.url, 'r');

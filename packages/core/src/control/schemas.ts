@@ -6,11 +6,22 @@
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 
 import { InvalidRequestError } from '../errors.js';
-import { type EpisodeId, episodeId, isCaptureKey, ROLLOUT_ID_PATTERN } from '../identity.js';
+import {
+  type EpisodeId,
+  episodeId,
+  isCaptureKey,
+  MAX_ATTEMPT,
+  ROLLOUT_ID_PATTERN,
+} from '../identity.js';
 import { MAX_DEADLINE_AHEAD_SECONDS } from './deadline.js';
 
 export const CHECKPOINT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
 export const CHECKPOINT_ID_MAX_LENGTH = 128;
+/**
+ * The most ids one control list names (episodes, rollouts, restarts): a batch's work is bounded
+ * by its request, and a million is far above any fleet's rollouts in flight.
+ */
+export const MAX_CONTROL_LIST_LENGTH = 1_000_000;
 
 export interface CheckpointRequest {
   checkpoint_id: string;
@@ -87,15 +98,18 @@ ajv.addKeyword({
   validate: (seconds: number, value: number) => value <= Date.now() / 1000 + seconds,
 });
 
-const episodeIdSchema = {
-  type: 'object',
-  additionalProperties: false,
-  required: ['rollout_id'],
-  properties: {
-    rollout_id: { type: 'string', format: 'rollout-id' },
-    attempt: { type: 'integer', minimum: 0, maximum: Number.MAX_SAFE_INTEGER, default: 0 },
-  },
-} as const;
+/** An episode id up to attempt `maxAttempt`. */
+function episodeIdSchema(maxAttempt: number) {
+  return {
+    type: 'object',
+    additionalProperties: false,
+    required: ['rollout_id'],
+    properties: {
+      rollout_id: { type: 'string', format: 'rollout-id' },
+      attempt: { type: 'integer', minimum: 0, maximum: maxAttempt, default: 0 },
+    },
+  } as const;
+}
 
 const base = {
   checkpoint_id: {
@@ -118,17 +132,19 @@ function bodySchema(extra: Record<string, object>, required: string[]) {
 }
 
 const checkpointDir = { type: 'string', minLength: 1, format: 'path' } as const;
-const episodeIds = { type: 'array', items: episodeIdSchema } as const;
+/** A control list, at most MAX_CONTROL_LIST_LENGTH items. */
+function list(items: object) {
+  return { type: 'array', maxItems: MAX_CONTROL_LIST_LENGTH, items } as const;
+}
+
+const episodeIds = list(episodeIdSchema(MAX_ATTEMPT));
 
 const SCHEMAS: Record<ControlRoute, object> = {
-  prepare: bodySchema(
-    { restarts: { type: 'array', items: { type: 'string', format: 'capture-key' } } },
-    [],
-  ),
+  prepare: bodySchema({ restarts: list({ type: 'string', format: 'capture-key' }) }, []),
   renew: bodySchema({}, []),
   resume: bodySchema({}, []),
   retire: bodySchema({ episode_ids: { ...episodeIds, minItems: 1 } }, ['episode_ids']),
-  forget: bodySchema({ rollout_ids: { type: 'array', minItems: 1, items: { type: 'string' } } }, [
+  forget: bodySchema({ rollout_ids: { ...list({ type: 'string' }), minItems: 1 } }, [
     'rollout_ids',
   ]),
   commit: bodySchema(
@@ -139,10 +155,11 @@ const SCHEMAS: Record<ControlRoute, object> = {
     },
     ['checkpoint_dir'],
   ),
-  restore: bodySchema({ checkpoint_dir: checkpointDir, episode_ids: episodeIds }, [
-    'checkpoint_dir',
-    'episode_ids',
-  ]),
+  // A restored episode continues as its next attempt, which must be a valid attempt too.
+  restore: bodySchema(
+    { checkpoint_dir: checkpointDir, episode_ids: list(episodeIdSchema(MAX_ATTEMPT - 1)) },
+    ['checkpoint_dir', 'episode_ids'],
+  ),
 };
 
 const COMPILED = Object.fromEntries(

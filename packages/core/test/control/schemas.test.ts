@@ -1,4 +1,5 @@
-import { CONTROL_VALIDATORS } from '../../src/control/schemas.js';
+import { CONTROL_VALIDATORS, MAX_CONTROL_LIST_LENGTH } from '../../src/control/schemas.js';
+import { MAX_ATTEMPT } from '../../src/identity.js';
 
 const base = { checkpoint_id: 'c1', deadline_ts: 1_700_000_000.5 };
 
@@ -86,6 +87,60 @@ describe('control request schemas', () => {
         CONTROL_VALIDATORS.retire({ ...base, episode_ids: [{ rollout_id: 'r', attempt: 1.5 }] }),
       ),
     ).toContain('episode_ids[0].attempt');
+  });
+
+  test('an attempt is at most MAX_ATTEMPT, a restored one below it (its next attempt is valid)', () => {
+    const retire = (attempt: number) =>
+      CONTROL_VALIDATORS.retire({ ...base, episode_ids: [{ rollout_id: 'r', attempt }] });
+    expect(retire(MAX_ATTEMPT).episode_ids).toEqual([{ rollout_id: 'r', attempt: MAX_ATTEMPT }]);
+    for (const attempt of [MAX_ATTEMPT + 1, 2 ** 32, Number.MAX_SAFE_INTEGER]) {
+      expect(refusal(() => retire(attempt))).toBe(
+        `invalid retire request: episode_ids[0].attempt: must be <= ${MAX_ATTEMPT}`,
+      );
+      expect(
+        refusal(() =>
+          CONTROL_VALIDATORS.commit({
+            ...base,
+            checkpoint_dir: '/c',
+            episode_ids: [{ rollout_id: 'r', attempt }],
+          }),
+        ),
+      ).toContain('episode_ids[0].attempt');
+    }
+    const restore = (attempt: number) =>
+      CONTROL_VALIDATORS.restore({
+        ...base,
+        checkpoint_dir: '/c',
+        episode_ids: [{ rollout_id: 'r', attempt }],
+      });
+    expect(restore(MAX_ATTEMPT - 1).episode_ids).toHaveLength(1);
+    expect(refusal(() => restore(MAX_ATTEMPT))).toContain(
+      `episode_ids[0].attempt: must be <= ${MAX_ATTEMPT - 1}`,
+    );
+  });
+
+  test('every control list holds at most MAX_CONTROL_LIST_LENGTH ids', () => {
+    const episodes = (n: number) => Array.from({ length: n }, (_, i) => ({ rollout_id: `r${i}` }));
+    const ids = (n: number) => Array.from({ length: n }, (_, i) => `r${i}`);
+    const bodies = (n: number) => ({
+      retire: { ...base, episode_ids: episodes(n) },
+      forget: { ...base, rollout_ids: ids(n) },
+      prepare: { ...base, restarts: ids(n) },
+      commit: { ...base, checkpoint_dir: '/c', episode_ids: episodes(n) },
+      restore: { ...base, checkpoint_dir: '/c', episode_ids: episodes(n) },
+    });
+    const over = bodies(MAX_CONTROL_LIST_LENGTH + 1);
+    for (const [route, body] of Object.entries(over)) {
+      const field =
+        route === 'forget' ? 'rollout_ids' : route === 'prepare' ? 'restarts' : 'episode_ids';
+      expect(refusal(() => CONTROL_VALIDATORS[route as keyof typeof over](body))).toBe(
+        `invalid ${route} request: ${field}: must NOT have more than ${MAX_CONTROL_LIST_LENGTH} items`,
+      );
+    }
+    expect(
+      CONTROL_VALIDATORS.retire({ ...base, episode_ids: episodes(MAX_CONTROL_LIST_LENGTH) })
+        .episode_ids,
+    ).toHaveLength(MAX_CONTROL_LIST_LENGTH);
   });
 
   test('retire and forget need at least one id; restore needs its scope, which may be empty', () => {
