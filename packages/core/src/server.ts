@@ -278,8 +278,9 @@ export function openFilesSoftLimit(procLimits: string): number {
 export function connectionLimits(
   softLimit: number,
 ): Omit<ConnectionLimits, 'overloadIdleTimeoutMs'> {
-  if (!Number.isFinite(softLimit))
+  if (!Number.isFinite(softLimit)) {
     return { maxConnections: Infinity, maxDataConnections: Infinity };
+  }
   const maxConnections = softLimit - Math.min(FILE_DESCRIPTOR_RESERVE, Math.floor(softLimit / 4));
   const control = Math.min(CONTROL_CONNECTION_RESERVE, Math.floor(maxConnections / 4));
   return { maxConnections, maxDataConnections: maxConnections - control };

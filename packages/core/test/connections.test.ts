@@ -6,9 +6,11 @@
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
-import { readFileSync, statSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { request } from 'node:http';
 import { connect, type Socket } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import {
@@ -24,6 +26,7 @@ import {
   processConnectionLimits,
 } from '../src/index.js';
 import { MemoryLogger, type TestRecord, TestParticipant } from './support/test-participant.js';
+import { removeTranspiled, transpileCore } from './support/transpile.js';
 
 const TOKEN = 'flood-token';
 const STATUS_PATH = '/ng-control/v1/checkpoint/status';
@@ -35,10 +38,13 @@ interface Reply {
 }
 
 /** One request on a connection of its own (no pool), resolved with the parsed JSON reply. */
-function get(port: number, path: string, token?: string): Promise<Reply> {
+function send(port: number, path: string, token?: string, body?: unknown): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const headers = token === undefined ? {} : { authorization: `Bearer ${token}` };
-    const req = request({ host: '127.0.0.1', port, path, headers, agent: false }, (res) => {
+    const headers: Record<string, string> =
+      token === undefined ? {} : { authorization: `Bearer ${token}` };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    const method = body === undefined ? 'GET' : 'POST';
+    const req = request({ host: '127.0.0.1', port, path, method, headers, agent: false }, (res) => {
       const chunks: Buffer[] = [];
       res.on('data', (chunk: Buffer) => chunks.push(chunk));
       res.on('error', reject);
@@ -48,8 +54,31 @@ function get(port: number, path: string, token?: string): Promise<Reply> {
       });
     });
     req.on('error', reject);
-    req.end();
+    req.end(body === undefined ? undefined : JSON.stringify(body));
   });
+}
+
+function get(port: number, path: string, token?: string): Promise<Reply> {
+  return send(port, path, token);
+}
+
+/** prepare, commit and resume of checkpoint `id` into `dir`, each on a new connection; the phases. */
+async function checkpoint(port: number, id: string, dir: string): Promise<unknown[]> {
+  const deadline = (): number => Date.now() / 1000 + 30;
+  const control = (route: string, body: object): Promise<Reply> =>
+    send(port, `/ng-control/v1/checkpoint/${route}`, TOKEN, body);
+  const replies = [
+    await control('prepare', { checkpoint_id: id, deadline_ts: deadline() }),
+    await control('commit', {
+      checkpoint_id: id,
+      deadline_ts: deadline(),
+      checkpoint_dir: dir,
+      episode_ids: null,
+      stop: false,
+    }),
+    await control('resume', { checkpoint_id: id, deadline_ts: deadline() }),
+  ];
+  return replies.map((reply) => [reply.status, (reply.body as { phase?: unknown }).phase]);
 }
 
 /** A gate a route waits on until the test opens it. */
@@ -189,7 +218,7 @@ describe('a flood of idle connections', () => {
     expect(await get(running.port, '/data')).toMatchObject({ status: 200, body: { ok: true } });
   });
 
-  test('with every data connection busy, a data request on a new connection is 503 overloaded; a control call is served', async () => {
+  test('with every data connection busy, a data request on a new connection is 503 overloaded; control calls and a whole checkpoint are served', async () => {
     const stack = await start({ maxDataConnections: 20, maxConnections: 60 });
     const { port } = stack.running;
     const busy = Array.from({ length: 20 }, () => get(port, '/hold'));
@@ -206,6 +235,17 @@ describe('a flood of idle connections', () => {
     });
     const status = await get(port, STATUS_PATH, TOKEN);
     expect([status.status, (status.body as { phase: unknown }).phase]).toEqual([200, 'idle']);
+    // A whole checkpoint of the server goes through its control reserve.
+    const dir = await mkdtemp(join(tmpdir(), 'ckpt-flood-'));
+    try {
+      expect(await checkpoint(port, 'c1', dir)).toEqual([
+        [200, 'prepared'],
+        [200, 'committed'],
+        [200, 'idle'],
+      ]);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
 
     // Released: the busy requests finish, the flood goes, and data requests are served again.
     stack.release();
@@ -241,11 +281,16 @@ describe('a flood of idle connections', () => {
 });
 
 describe('a flood larger than the descriptor limit of a real process', () => {
-  const here = import.meta.dirname;
-  const builtCore = join(here, '..', 'dist', 'index.js');
   const hasPrlimit = spawnSync('prlimit', ['--version']).status === 0;
+  let core = '';
   let child: ChildProcess | undefined;
 
+  beforeAll(async () => {
+    if (hasPrlimit) core = await transpileCore();
+  });
+  afterAll(async () => {
+    if (core) await removeTranspiled(core);
+  });
   afterEach(() => {
     child?.kill('SIGKILL');
     child = undefined;
@@ -253,17 +298,10 @@ describe('a flood larger than the descriptor limit of a real process', () => {
 
   /** Starts the fixture server under an open-files limit of `limit`; resolves with its port. */
   async function startLimited(limit: number): Promise<number> {
-    // The child runs the built module: a stale build would test old code.
-    for (const file of ['server', 'errors']) {
-      const built = statSync(join(here, '..', 'dist', `${file}.js`)).mtimeMs;
-      if (statSync(join(here, '..', 'src', `${file}.ts`)).mtimeMs > built) {
-        throw new Error(`dist/${file}.js is older than src/${file}.ts: run npm run build`);
-      }
-    }
-    const fixture = join(here, 'fixtures', 'flood-server.mjs');
+    const fixture = join(import.meta.dirname, 'fixtures', 'flood-server.mjs');
     child = spawn(
       'prlimit',
-      [`--nofile=${limit}:${limit}`, process.execPath, fixture, builtCore, TOKEN],
+      [`--nofile=${limit}:${limit}`, process.execPath, fixture, join(core, 'index.js'), TOKEN],
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
     const [line] = (await once(child.stdout!.setEncoding('utf8'), 'data')) as [string];
@@ -271,7 +309,7 @@ describe('a flood larger than the descriptor limit of a real process', () => {
   }
 
   (hasPrlimit ? test : test.skip)(
-    'with 400 descriptors and 600 idle connections, a control call and a data call are still served',
+    'with 400 descriptors and 600 idle connections, a control call, a data call and a checkpoint are still served',
     async () => {
       const port = await startLimited(400);
       // Bounded by the limit's own numbers: ceiling 300, data bound 225.
@@ -280,6 +318,16 @@ describe('a flood larger than the descriptor limit of a real process', () => {
       const status = await get(port, STATUS_PATH, TOKEN);
       expect([status.status, (status.body as { phase: unknown }).phase]).toEqual([200, 'idle']);
       expect(await get(port, '/data')).toMatchObject({ status: 200, body: { ok: true } });
+      const dir = await mkdtemp(join(tmpdir(), 'ckpt-flood-'));
+      try {
+        expect(await checkpoint(port, 'c1', dir)).toEqual([
+          [200, 'prepared'],
+          [200, 'committed'],
+          [200, 'idle'],
+        ]);
+      } finally {
+        await rm(dir, { recursive: true, force: true });
+      }
       // The server closed the oldest of the flood to stay at its bound.
       while (sockets.filter((socket) => !socket.destroyed).length > 225) {
         await new Promise((resolve) => setTimeout(resolve, 20));
