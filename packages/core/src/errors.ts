@@ -145,6 +145,12 @@ export const ERROR_CATALOGUE = {
     retry: 'never',
     meaning: 'the request headers are larger than the server accepts',
   },
+  // `backoff`: the server holds as many connections as its descriptors allow; one closes soon.
+  overloaded: {
+    status: 503,
+    retry: 'backoff',
+    meaning: 'the server is at its connection bound; data requests are refused until load drops',
+  },
 } as const satisfies Record<string, { status: number; retry: RetryRule; meaning: string }>;
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
@@ -203,6 +209,7 @@ export class InternalError extends errorClass('internal_error') {}
 export class UpstreamError extends errorClass('upstream_error') {}
 export class MalformedRequestError extends errorClass('malformed_request') {}
 export class HeadersTooLargeError extends errorClass('headers_too_large') {}
+export class OverloadedError extends errorClass('overloaded') {}
 
 /** When a request refused with `code` may be sent again. */
 export function retryRule(code: ErrorCode): RetryRule {

@@ -3,14 +3,17 @@
  * control plane (only when checkpointing is enabled), JSON errors for everything, and a listener
  * that closes cleanly. A server package builds its routes between `createGymApp` and `finish`.
  */
+import { readFileSync } from 'node:fs';
 import {
   createServer,
+  type IncomingMessage,
   maxHeaderSize,
+  type RequestListener,
   type Server,
   type ServerResponse,
   STATUS_CODES,
 } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import type { AddressInfo, Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 
 import express, { type Express } from 'express';
@@ -21,6 +24,7 @@ import {
   ConfigError,
   HeadersTooLargeError,
   MalformedRequestError,
+  OverloadedError,
   PayloadTooLargeError,
   shouldRetry,
 } from './errors.js';
@@ -228,10 +232,244 @@ export function answerParserErrorsAsJson(server: Server): void {
   });
 }
 
-/** Listens on `host:port` (0 picks a free port) and resolves with the bound address. */
-export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<ListeningServer> {
+/**
+ * Descriptors no inbound socket may take, below the process's open-files soft limit: checkpoint
+ * writes, restore reads, logs and the server's own outbound connections need descriptors while
+ * the server is flooded, and a process out of descriptors cannot even accept a control call.
+ */
+export const FILE_DESCRIPTOR_RESERVE = 1_024;
+
+/**
+ * Sockets accepted above the data-plane bound, on which only control requests are served: the
+ * room a controller always finds for discover, prepare and commit when data connections are full.
+ */
+export const CONTROL_CONNECTION_RESERVE = 128;
+
+/**
+ * While a server is at its data-plane bound, a connection without a request in flight (idle, or
+ * still sending its headers) is closed after this long. Only then: with room, the 10-minute
+ * headers grace of SERVER_HEADERS_TIMEOUT_MS holds, so a burst read late is still served.
+ */
+export const OVERLOAD_IDLE_TIMEOUT_MS = 30_000;
+
+/** Requests under this path are control calls, served on every connection the server accepted. */
+const CONTROL_PATH_PREFIX = '/ng-control/';
+
+/** How many connections a server keeps, and how long an idle one may stay when it is full. */
+export interface ConnectionLimits {
+  /** The hard ceiling (`server.maxConnections`): node closes a socket accepted beyond it. */
+  readonly maxConnections: number;
+  /**
+   * The data-plane bound: a new connection beyond it evicts the oldest idle one; if none is idle
+   * it is admitted into the control reserve, where a data request is answered 503 `overloaded`.
+   */
+  readonly maxDataConnections: number;
+  /** OVERLOAD_IDLE_TIMEOUT_MS, injectable for tests. */
+  readonly overloadIdleTimeoutMs: number;
+}
+
+/** The soft "Max open files" limit in the text of /proc/<pid>/limits; Infinity when unlimited or absent. */
+export function openFilesSoftLimit(procLimits: string): number {
+  const soft = /^Max open files\s+(\S+)/m.exec(procLimits)?.[1];
+  const limit = Number(soft);
+  return Number.isSafeInteger(limit) && limit > 0 ? limit : Infinity;
+}
+
+/**
+ * The connection limits for an open-files soft limit: the ceiling keeps FILE_DESCRIPTOR_RESERVE
+ * descriptors back, the data bound CONTROL_CONNECTION_RESERVE sockets more (each reserve at most a
+ * quarter of what is left, so a small limit still leaves data connections). With the 20,000 of a
+ * gym host: 18,848 data connections, above the ~16,300 descriptors of 8,000 rollouts in flight.
+ */
+export function connectionLimits(
+  softLimit: number,
+): Omit<ConnectionLimits, 'overloadIdleTimeoutMs'> {
+  if (!Number.isFinite(softLimit)) {
+    return { maxConnections: Infinity, maxDataConnections: Infinity };
+  }
+  const maxConnections = softLimit - Math.min(FILE_DESCRIPTOR_RESERVE, Math.floor(softLimit / 4));
+  const control = Math.min(CONTROL_CONNECTION_RESERVE, Math.floor(maxConnections / 4));
+  return { maxConnections, maxDataConnections: maxConnections - control };
+}
+
+/** The connection limits of this process, from its real open-files soft limit. */
+export function processConnectionLimits(): Omit<ConnectionLimits, 'overloadIdleTimeoutMs'> {
+  let text = '';
+  try {
+    text = readFileSync('/proc/self/limits', 'utf8');
+  } catch {
+    // No procfs (not Linux): nothing to derive a bound from; node's own behaviour stays.
+  }
+  return connectionLimits(openFilesSoftLimit(text));
+}
+
+interface SocketState {
+  inflight: number;
+  /** When the socket was accepted or last finished a response. */
+  idleSince: number;
+  /** `bytesRead` at that moment: more since means the next request's headers are coming. */
+  bytesAtIdle: number;
+  admittedOverBound: boolean;
+  /** It carried an authorized control call: a controller's keep-alive socket, never evicted. */
+  control: boolean;
+}
+
+/**
+ * Connection accounting of one server: every open socket, and those without a request in flight
+ * in the order they became idle, oldest first. See ConnectionLimits for the rules.
+ */
+class ConnectionAdmission {
+  readonly #sockets = new Map<Socket, SocketState>();
+  readonly #idle = new Set<Socket>();
+  #sweep: NodeJS.Timeout | undefined;
+
+  constructor(readonly limits: ConnectionLimits) {}
+
+  get open(): number {
+    return this.#sockets.size;
+  }
+
+  admit(socket: Socket): void {
+    const state: SocketState = {
+      inflight: 0,
+      idleSince: Date.now(),
+      bytesAtIdle: 0,
+      admittedOverBound: false,
+      control: false,
+    };
+    this.#sockets.set(socket, state);
+    if (this.#overBound()) this.#evictOldestIdle();
+    state.admittedOverBound = this.#overBound();
+    this.#idle.add(socket);
+    socket.once('close', () => this.#forget(socket));
+    this.#updateSweep();
+  }
+
+  /** Accounts a request; false for a data request on a reserve socket while still over the bound. */
+  begin(req: IncomingMessage, res: ServerResponse): boolean {
+    const socket = req.socket as Socket;
+    const state = this.#sockets.get(socket);
+    const control = req.url?.startsWith(CONTROL_PATH_PREFIX) === true;
+    if (!state) return true;
+    state.inflight += 1;
+    this.#idle.delete(socket);
+    res.once('close', () => this.#end(socket, state, control && res.statusCode !== 401));
+    return control || !state.admittedOverBound || !this.#overBound();
+  }
+
+  stop(): void {
+    clearInterval(this.#sweep);
+    this.#sweep = undefined;
+  }
+
+  #overBound(): boolean {
+    return this.#sockets.size > this.limits.maxDataConnections;
+  }
+
+  #end(socket: Socket, state: SocketState, control: boolean): void {
+    state.inflight -= 1;
+    state.control ||= control;
+    if (state.inflight > 0 || state.control || socket.destroyed) return;
+    state.idleSince = Date.now();
+    state.bytesAtIdle = socket.bytesRead;
+    this.#idle.add(socket);
+  }
+
+  /** Closes the oldest socket that has sent nothing since it became idle; one sending headers is left to the sweep. */
+  #evictOldestIdle(): void {
+    for (const socket of this.#idle) {
+      this.#idle.delete(socket);
+      if (socket.bytesRead !== this.#sockets.get(socket)?.bytesAtIdle) continue;
+      this.#close(socket);
+      return;
+    }
+  }
+
+  /** Closes every socket without a request in flight for longer than the overload timeout. */
+  #closeStale(): void {
+    const cutoff = Date.now() - this.limits.overloadIdleTimeoutMs;
+    for (const [socket, state] of this.#sockets) {
+      if (state.inflight === 0 && !state.control && state.idleSince <= cutoff) this.#close(socket);
+    }
+  }
+
+  #close(socket: Socket): void {
+    this.#forget(socket);
+    socket.destroy();
+  }
+
+  #forget(socket: Socket): void {
+    this.#sockets.delete(socket);
+    this.#idle.delete(socket);
+    this.#updateSweep();
+  }
+
+  /** The stale sweep runs only while the server is at its bound. */
+  #updateSweep(): void {
+    const full = this.#sockets.size >= this.limits.maxDataConnections;
+    if (full && this.#sweep === undefined) {
+      const period = Math.max(10, Math.floor(this.limits.overloadIdleTimeoutMs / 4));
+      this.#sweep = setInterval(() => this.#closeStale(), period).unref();
+    } else if (!full) {
+      this.stop();
+    }
+  }
+}
+
+/** Answers a refused data request 503 `overloaded` in the JSON error shape, and closes the connection. */
+function refuseOverloaded(res: ServerResponse, open: number): void {
+  const err = new OverloadedError(
+    `the server holds ${open} connections, above its data-plane bound; retry with backoff`,
+  );
+  const body = JSON.stringify(err.toBody());
+  res.writeHead(err.status, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+    'x-should-retry': String(shouldRetry(err.code)),
+    connection: 'close',
+  });
+  res.end(body);
+}
+
+/** The request listener: accounts each request, and serves it or refuses it as overloaded. */
+function admittedRequests(app: Express, admission: ConnectionAdmission): RequestListener {
+  return (req, res) => {
+    if (admission.begin(req, res)) app(req, res);
+    else refuseOverloaded(res, admission.open);
+  };
+}
+
+/** Limits for `listen`; by default derived from the process's open-files limit. */
+export type ListenOptions = Partial<ConnectionLimits>;
+
+function resolveLimits(options: ListenOptions): ConnectionLimits {
+  const own = processConnectionLimits();
+  const maxDataConnections = options.maxDataConnections ?? own.maxDataConnections;
+  return {
+    maxDataConnections,
+    maxConnections:
+      options.maxConnections ??
+      Math.min(own.maxConnections, maxDataConnections + CONTROL_CONNECTION_RESERVE),
+    overloadIdleTimeoutMs: options.overloadIdleTimeoutMs ?? OVERLOAD_IDLE_TIMEOUT_MS,
+  };
+}
+
+/**
+ * Listens on `host:port` (0 picks a free port) and resolves with the bound address. Connections
+ * are bounded by `options` (see ConnectionLimits), so a flood never takes the descriptors a
+ * control call or a checkpoint write needs.
+ */
+export function listen(
+  app: Express,
+  port: number,
+  host = '127.0.0.1',
+  options: ListenOptions = {},
+): Promise<ListeningServer> {
   return new Promise((resolve, reject) => {
-    const server = createServer(app);
+    const admission = new ConnectionAdmission(resolveLimits(options));
+    const server = createServer(admittedRequests(app, admission));
+    server.maxConnections = admission.limits.maxConnections;
+    server.on('connection', (socket: Socket) => admission.admit(socket));
     keepIdleConnections(server);
     answerParserErrorsAsJson(server);
     server.listen({ port, host, backlog: LISTEN_BACKLOG });
@@ -247,6 +485,7 @@ export function listen(app: Express, port: number, host = '127.0.0.1'): Promise<
         url: `http://${urlHost}:${bound}`,
         close: () =>
           new Promise<void>((done) => {
+            admission.stop();
             server.close(() => done());
             server.closeIdleConnections();
           }),

@@ -67,6 +67,7 @@ describe('the retry rule', () => {
       upstream_error: 'backoff',
       malformed_request: 'never',
       headers_too_large: 'never',
+      overloaded: 'backoff',
     });
   });
 
