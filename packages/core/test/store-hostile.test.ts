@@ -371,18 +371,103 @@ describe('per-participant checks', () => {
 describe('through the control plane, a refused restore leaves the participant idle', () => {
   useHarness();
 
-  test.each<[string, (manifest: string, records: string) => Promise<unknown>, RegExp]>([
-    ['records a symlink to /dev/zero', (_m, r) => symlink('/dev/zero', r), /is a symlink/],
-    ['records a FIFO', async (_m, r) => execFileSync('mkfifo', [r]), /is not a regular file/],
+  /** The participant directory's files, as a tampering sees them. */
+  interface Files {
+    readonly dir: string;
+    readonly manifest: string;
+    readonly records: string;
+    readonly lines: string[];
+  }
+
+  /** Replaces the records with `lines`, with a manifest that agrees (digest, count, size). */
+  async function forge(files: Files, lines: string[]): Promise<void> {
+    const bytes = Buffer.from(lines.map((line) => `${line}\n`).join(''));
+    const digest = sha256(bytes);
+    const name = `records-${digest}.jsonl`;
+    await writeFile(join(files.dir, name), bytes);
+    const m = JSON.parse(await readFile(files.manifest, 'utf8')) as Record<string, unknown>;
+    const patched = {
+      ...m,
+      records_file: name,
+      records_sha256: digest,
+      record_count: lines.length,
+      records_bytes: bytes.length,
+    };
+    await writeFile(files.manifest, JSON.stringify(patched));
+  }
+
+  async function patch(files: Files, change: Record<string, unknown>): Promise<void> {
+    const m = JSON.parse(await readFile(files.manifest, 'utf8')) as Record<string, unknown>;
+    await writeFile(files.manifest, JSON.stringify({ ...m, ...change }));
+  }
+
+  const withRolloutId = (line: string, rolloutId: string) => {
+    const record = JSON.parse(line) as { episode_id: Record<string, unknown> };
+    return JSON.stringify({
+      ...record,
+      episode_id: { ...record.episode_id, rollout_id: rolloutId },
+    });
+  };
+
+  test.each<[string, (files: Files) => Promise<unknown>, RegExp]>([
+    [
+      'records a symlink to /dev/zero',
+      async (f) => rm(f.records).then(() => symlink('/dev/zero', f.records)),
+      /is a symlink/,
+    ],
+    [
+      'records a FIFO',
+      async (f) => rm(f.records).then(() => execFileSync('mkfifo', [f.records])),
+      /is not a regular file/,
+    ],
+    [
+      'records a symlink to an identical copy outside the participant directory',
+      async (f) => {
+        const outside = `${f.dir}-outside.jsonl`;
+        await cp(f.records, outside);
+        await rm(f.records);
+        await symlink(outside, f.records);
+      },
+      /is a symlink/,
+    ],
+    [
+      'the manifest giving checkpoint_id twice',
+      async (f) => {
+        const text = await readFile(f.manifest, 'utf8');
+        await writeFile(f.manifest, text.replace('{', '{\n "checkpoint_id": "forged",'));
+      },
+      /checkpoint_id.*twice|duplicate/i,
+    ],
+    [
+      'the same episode twice, digest consistent',
+      (f) => forge(f, [f.lines[0]!, f.lines[0]!]),
+      /twice/,
+    ],
+    [
+      'an episode id of 5 MB, digest consistent',
+      (f) => forge(f, [withRolloutId(f.lines[0]!, 'x'.repeat(5_000_000))]),
+      /characters|long/,
+    ],
+    [
+      'records of another size than records_bytes',
+      (f) => patch(f, { records_bytes: 1 }),
+      /records_bytes/,
+    ],
+    ['a manifest of another instance', (f) => patch(f, { instance: 'another' }), /belongs to/],
   ])(
     '%s: 422, idle, nothing installed, then the untampered copy restores',
     async (_name, tamper, detail) => {
       const h = harness();
       await writeCheckpoint(h, 'src', [{ key: 'r', payload: { step: 3 } }]);
-      const dirPath = participantDirOf(h);
-      const manifest = JSON.parse(await readFile(join(dirPath, MANIFEST_FILE), 'utf8')) as Manifest;
-      const records = join(dirPath, manifest.records_file);
-      const undo = await replaced(records, () => tamper(join(dirPath, MANIFEST_FILE), records));
+      const dir = participantDir(h.dir('src'), h.participant.kind, h.participant.instance);
+      const undo = await replaced(dir, async () => {
+        await cp(`${dir}.aside`, dir, { recursive: true });
+        const manifest = join(dir, MANIFEST_FILE);
+        const named = (JSON.parse(await readFile(manifest, 'utf8')) as Manifest).records_file;
+        const records = join(dir, named);
+        const lines = (await readFile(records, 'utf8')).split('\n').filter(Boolean);
+        await tamper({ dir, manifest, records, lines });
+      });
       await expect(h.plane.restore(restoreRequest(h, 'c9', 'src', ['r']))).rejects.toMatchObject({
         code: 'invalid_checkpoint_state',
         status: 422,
@@ -396,10 +481,6 @@ describe('through the control plane, a refused restore leaves the participant id
       expect(reply.restored).toEqual(['r-a1']);
     },
   );
-
-  function participantDirOf(h: ReturnType<typeof harness>): string {
-    return participantDir(h.dir('src'), h.participant.kind, h.participant.instance);
-  }
 });
 
 describe('a commit whose last step fails removes what it published', () => {
