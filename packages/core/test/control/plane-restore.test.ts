@@ -99,6 +99,30 @@ describe('restore', () => {
     expect(h.participant.marks.isRetired(ep('r'))).toBe(true);
   });
 
+  test('a read that stalls (a hung mount) is abandoned at the deadline; the next restore reads and installs', async () => {
+    // The first read never answers, as on a network mount that hangs; the next reads the store.
+    let reads = 0;
+    const h = harness({
+      storage: {
+        write: writeParticipantState,
+        read: (opts) => (++reads === 1 ? new Promise(() => {}) : readParticipantState(opts)),
+      },
+    });
+    await withCheckpoint(h);
+    const stalled = track(
+      h.plane.restore({ ...restoreRequest(h, 'c9', 'src', ['r']), deadline_ts: h.at(5) }),
+    );
+    await settle();
+    expect(stalled.settled).toBe(false);
+    h.clock.advance(6);
+    await until(() => stalled.settled);
+    expect(stalled.error).toMatchObject({ code: 'deadline_exceeded' });
+    expect(h.plane.status()).toMatchObject({ phase: 'idle', checkpoint_id: null });
+    expect(h.participant.calls.install).toBe(0);
+    const reply = await h.plane.restore(restoreRequest(h, 'c10', 'src', ['r']));
+    expect(reply.restored).toEqual(['r-a1']);
+  });
+
   test('a missing checkpoint is a typed error', async () => {
     const h = harness();
     await expect(
