@@ -259,8 +259,11 @@ describe('a flood of idle connections', () => {
     const full = await start({ maxDataConnections: 5, overloadIdleTimeoutMs: 200 });
     const slow = await flood(full.running.port, 5);
     for (const socket of slow) socket.write('GET /data HTTP/1.1\r\nhost: x\r\n'); // never ends
-    await Promise.all(slow.map((socket) => socket.closed || once(socket, 'close')));
-    expect(await settleAt(full.running, 0)).toBe(0);
+    // The sweep closes the slow sockets that are past the timeout; once that leaves room below the
+    // bound, the rest keep the ordinary headers grace (the sockets connected a few ms apart, so
+    // how many a pass finds stale depends on the machine's pace).
+    expect(await settleAt(full.running, 4)).toBeLessThan(5);
+    await Promise.race(slow.map((socket) => socket.closed || once(socket, 'close')));
 
     const roomy = await start({ maxDataConnections: 50, overloadIdleTimeoutMs: 200 });
     const kept = await flood(roomy.running.port, 5);
