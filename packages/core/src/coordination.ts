@@ -495,8 +495,9 @@ export function recordCountRefusal(
 
 /**
  * Scope episodes a participant that must hold them does not, each with the manifests of the
- * participants missing it: some environment participant must hold every one (environment servers
- * own the episodes), and each participant every one `heldBy` says it committed.
+ * participants missing it: some participant must hold every one, and each participant every one
+ * `heldBy` (the controller's record) says it committed. Not "an environment must": an episode run
+ * through an agent's legacy `/run` is held by the agent alone.
  */
 export function unheldEpisodes(
   sources: readonly ParticipantSource[],
@@ -510,9 +511,11 @@ export function unheldEpisodes(
     const missing = sources
       .filter((source) => committed.get(source)?.has(key) && !source.held.has(key))
       .map((source) => source.manifestPath);
-    if (owners.length > 0 && !owners.some((owner) => owner.held.has(key))) {
+    if (!sources.some((source) => source.held.has(key))) {
+      // Held by no one: name the environments, which own episodes, or else every participant.
+      const expected = owners.length > 0 ? owners : sources;
       missing.push(
-        ...owners.filter((o) => !missing.includes(o.manifestPath)).map((o) => o.manifestPath),
+        ...expected.filter((o) => !missing.includes(o.manifestPath)).map((o) => o.manifestPath),
       );
     }
     if (missing.length > 0) unheld.set(key, missing);
