@@ -18,6 +18,7 @@ import {
   shouldRetry,
   toClientError,
 } from './errors.js';
+import { nestsDeeperThan } from './json-pieces.js';
 
 export interface ErrorLogger {
   error(message: string, meta?: Record<string, unknown>): void;
@@ -82,36 +83,6 @@ const CHARSET = /;\s*charset\s*=\s*"?([^";\s]+)/i;
  * `JSON.parse` of the same body.
  */
 export const MAX_JSON_BODY_DEPTH = 512;
-
-const QUOTE = 0x22;
-const BACKSLASH = 0x5c;
-const OPEN_BRACKET = 0x5b;
-const CLOSE_BRACKET = 0x5d;
-const OPEN_BRACE = 0x7b;
-const CLOSE_BRACE = 0x7d;
-
-/**
- * True when JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
- * count). One pass over the bytes, before anything recursive sees the value. In UTF-8 every byte of
- * a multi-byte character is >= 0x80, so none is mistaken for a quote, backslash or bracket.
- */
-export function nestsDeeperThan(bytes: Uint8Array, limit: number): boolean {
-  let depth = 0;
-  for (let i = 0; i < bytes.length; i++) {
-    const byte = bytes[i];
-    if (byte === QUOTE) {
-      // Skip the string in a tight loop: most of a large body is strings.
-      for (i++; i < bytes.length && bytes[i] !== QUOTE; i++) {
-        if (bytes[i] === BACKSLASH) i++;
-      }
-    } else if (byte === OPEN_BRACKET || byte === OPEN_BRACE) {
-      if (++depth > limit) return true;
-    } else if (byte === CLOSE_BRACKET || byte === CLOSE_BRACE) {
-      depth--;
-    }
-  }
-  return false;
-}
 
 /**
  * The value an `application/json` body holds (an empty body is `{}`). Refused with 422

@@ -17,4 +17,4 @@ export * from './participant.js';
 export * from './server.js';
 export * from './capture/index.js';
 export * from './headers.js';
-export { checkToolCalls } from './openai.js';
+export { checkChatMessages } from './openai.js';

@@ -172,6 +172,29 @@ const CLOSE_BRACE = 0x7d;
 const OPEN_BRACKET = 0x5b;
 const CLOSE_BRACKET = 0x5d;
 
+/**
+ * True when JSON text nests arrays and objects deeper than `limit` (brackets inside strings do not
+ * count). One pass over the bytes, before anything recursive sees the value. In UTF-8 every byte of
+ * a multi-byte character is >= 0x80, so none is mistaken for a quote, backslash or bracket.
+ */
+export function nestsDeeperThan(bytes: Uint8Array, limit: number): boolean {
+  let depth = 0;
+  for (let i = 0; i < bytes.length; i++) {
+    const byte = bytes[i];
+    if (byte === QUOTE) {
+      // Skip the string in a tight loop: most of a large body is strings.
+      for (i++; i < bytes.length && bytes[i] !== QUOTE; i++) {
+        if (bytes[i] === BACKSLASH) i++;
+      }
+    } else if (byte === OPEN_BRACKET || byte === OPEN_BRACE) {
+      if (++depth > limit) return true;
+    } else if (byte === CLOSE_BRACKET || byte === CLOSE_BRACE) {
+      depth--;
+    }
+  }
+  return false;
+}
+
 function isWhitespace(byte: number | undefined): boolean {
   return byte === 0x20 || byte === 0x0a || byte === 0x0d || byte === 0x09;
 }

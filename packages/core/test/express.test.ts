@@ -6,7 +6,8 @@ import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib';
 import express from 'express';
 import iconv from 'iconv-lite';
 
-import { errorMiddleware, jsonBody, MAX_JSON_BODY_DEPTH, nestsDeeperThan } from '../src/express.js';
+import { errorMiddleware, jsonBody, MAX_JSON_BODY_DEPTH } from '../src/express.js';
+import { nestsDeeperThan } from '../src/json-pieces.js';
 
 const servers: Server[] = [];
 

@@ -1,9 +1,11 @@
-import { checkToolCalls, InvalidRequestError } from '../src/index.js';
+import { checkChatMessages, InvalidRequestError } from '../src/index.js';
 
-describe('checkToolCalls', () => {
+describe('checkChatMessages', () => {
+  const withCalls = (calls: unknown) => [{ role: 'assistant', tool_calls: calls }];
+
   test('absent, null, empty and well-formed tool calls pass', () => {
     for (const calls of [undefined, null, [], [{ function: { name: 'f', arguments: '{}' } }]]) {
-      expect(() => checkToolCalls(calls, 'messages[0].tool_calls')).not.toThrow();
+      expect(() => checkChatMessages(withCalls(calls))).not.toThrow();
     }
   });
 
@@ -37,7 +39,7 @@ describe('checkToolCalls', () => {
   ])('%s is 422 invalid_request naming the path', (_what, calls, detail) => {
     let thrown: unknown;
     try {
-      checkToolCalls(calls, 'messages[0].tool_calls');
+      checkChatMessages(withCalls(calls));
     } catch (err) {
       thrown = err;
     }
@@ -47,4 +49,13 @@ describe('checkToolCalls', () => {
       (thrown as InvalidRequestError).detail,
     ]).toEqual([422, detail]);
   });
+});
+
+test.each([
+  ['no messages', undefined, 'messages: must be a non-empty array'],
+  ['an empty list', [], 'messages: must be a non-empty array'],
+  ['a message that is no object', ['hi'], 'messages[0]: must be an object with a string role'],
+  ['a role that is no string', [{ role: 1 }], 'messages[0]: must be an object with a string role'],
+])('checkChatMessages: %s is 422 invalid_request', (_what, messages, detail) => {
+  expect(() => checkChatMessages(messages)).toThrow(new InvalidRequestError(detail));
 });

@@ -1,5 +1,5 @@
 /** The OpenAI chat-completions wire shapes the fake reads and writes. */
-import { checkToolCalls, InvalidRequestError } from '@ckpt-gym/core';
+import { checkChatMessages, InvalidRequestError } from '@ckpt-gym/core';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 
@@ -27,15 +27,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (model !== undefined && typeof model !== 'string') {
     throw new InvalidRequestError('model: must be a string');
   }
-  if (!Array.isArray(messages) || messages.length === 0) {
-    throw new InvalidRequestError('messages: must be a non-empty array');
-  }
-  messages.forEach((m, i) => {
-    if (!isPlainObject(m) || typeof m.role !== 'string') {
-      throw new InvalidRequestError(`messages[${i}]: must be an object with a string role`);
-    }
-    checkToolCalls(m.tool_calls, `messages[${i}].tool_calls`);
-  });
+  checkChatMessages(messages);
   if (typeof stream !== 'boolean') throw new InvalidRequestError('stream: must be a boolean');
   if (streamOptions !== undefined && streamOptions !== null && !isPlainObject(streamOptions)) {
     throw new InvalidRequestError('stream_options: must be an object');

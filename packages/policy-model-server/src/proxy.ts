@@ -17,6 +17,7 @@ import {
   jsonBody,
   type Logger,
   captureKey,
+  checkChatMessages,
   conversationDigest,
   requestEpisode,
   requestSignal,
@@ -26,7 +27,6 @@ import {
 } from '@ckpt-gym/core';
 import express, { type Request, type Response, type Router } from 'express';
 
-import { checkChatRequest } from './chat.js';
 import type { GenerationCuts } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
@@ -326,7 +326,13 @@ async function generation(
   let requestDigest: string;
   try {
     if (!isObj(body)) throw new InvalidRequestError('the request body must be a JSON object');
-    chatBody = route === 'responses' ? responsesToChatRequest(body) : checkChatRequest(body);
+    if (route === 'responses') {
+      chatBody = responsesToChatRequest(body);
+    } else {
+      // Lineage digests every chat message: a malformed one is the client's 422 before admission.
+      checkChatMessages(body.messages);
+      chatBody = body;
+    }
     requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
   } catch (err) {
     sendError(res, loggedFailure(logger, err));
