@@ -155,7 +155,17 @@ export const ERROR_CATALOGUE = {
 
 export type ErrorCode = keyof typeof ERROR_CATALOGUE;
 
-/** Base of every typed ckpt-gym error. */
+/**
+ * Marks every `CkptGymError`, under a key shared by every copy of this module (`Symbol.for`), so an
+ * error thrown by a participant built against another install of @ckpt-gym/core is still typed
+ * here: `toClientError` passes it through instead of hiding it behind a 500.
+ */
+const CKPT_GYM_ERROR = Symbol.for('@ckpt-gym/core.CkptGymError');
+
+/**
+ * Base of every typed ckpt-gym error. Each code has its own subclass below, written out (not made by
+ * a factory) so the published `.d.ts` keeps `extends CkptGymError` and a narrowed `code`.
+ */
 export class CkptGymError extends Error {
   readonly code: ErrorCode;
   readonly status: number;
@@ -167,6 +177,15 @@ export class CkptGymError extends Error {
     this.status = ERROR_CATALOGUE[code].status;
   }
 
+  /**
+   * `instanceof CkptGymError` holds for any copy's error (the brand); for a subclass it is the
+   * usual prototype check, so `instanceof StaleAttemptError` stays exact.
+   */
+  static override [Symbol.hasInstance](value: unknown): boolean {
+    if (this !== CkptGymError) return Function.prototype[Symbol.hasInstance].call(this, value);
+    return isCkptGymError(value);
+  }
+
   get detail(): string {
     return this.message;
   }
@@ -175,41 +194,167 @@ export class CkptGymError extends Error {
     return { error: { code: this.code, detail: this.message } };
   }
 }
+Object.defineProperty(CkptGymError.prototype, CKPT_GYM_ERROR, { value: true });
 
-function errorClass<C extends ErrorCode>(code: C) {
-  return class extends CkptGymError {
-    declare readonly code: C;
-    constructor(detail: string, options?: { cause?: unknown }) {
-      super(code, detail, options);
-    }
-  };
+/** True for a `CkptGymError` from this or any other copy of @ckpt-gym/core. */
+export function isCkptGymError(value: unknown): value is CkptGymError {
+  return (
+    typeof value === 'object' &&
+    value !== null &&
+    (value as { [CKPT_GYM_ERROR]?: unknown })[CKPT_GYM_ERROR] === true
+  );
 }
 
-export class CheckpointError extends errorClass('checkpoint_error') {}
-export class StaleCheckpointError extends errorClass('stale_checkpoint') {}
-export class CheckpointConflictError extends errorClass('checkpoint_conflict') {}
-export class InvalidPhaseError extends errorClass('invalid_phase') {}
-export class DeadlineExceededError extends errorClass('deadline_exceeded') {}
-export class ExportFailedError extends errorClass('export_failed') {}
-export class RestartInScopeError extends errorClass('restart_in_scope') {}
-export class RetireIncompleteError extends errorClass('retire_incomplete') {}
-export class StaleAttemptError extends errorClass('stale_attempt') {}
-export class AdmissionClosedError extends errorClass('admission_closed') {}
-export class ActivationOutOfOrderError extends errorClass('activation_out_of_order') {}
-export class RolloutIdRequiredError extends errorClass('rollout_id_required') {}
-export class InvalidRolloutIdError extends errorClass('invalid_rollout_id') {}
-export class UnauthorizedError extends errorClass('unauthorized') {}
-export class NotFoundError extends errorClass('not_found') {}
-export class RolloutRetiredError extends errorClass('rollout_retired') {}
-export class CheckpointStateError extends errorClass('invalid_checkpoint_state') {}
-export class InvalidRequestError extends errorClass('invalid_request') {}
-export class PayloadTooLargeError extends errorClass('payload_too_large') {}
-export class ConfigError extends errorClass('invalid_config') {}
-export class InternalError extends errorClass('internal_error') {}
-export class UpstreamError extends errorClass('upstream_error') {}
-export class MalformedRequestError extends errorClass('malformed_request') {}
-export class HeadersTooLargeError extends errorClass('headers_too_large') {}
-export class OverloadedError extends errorClass('overloaded') {}
+export class CheckpointError extends CkptGymError {
+  declare readonly code: 'checkpoint_error';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('checkpoint_error', detail, options);
+  }
+}
+export class StaleCheckpointError extends CkptGymError {
+  declare readonly code: 'stale_checkpoint';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('stale_checkpoint', detail, options);
+  }
+}
+export class CheckpointConflictError extends CkptGymError {
+  declare readonly code: 'checkpoint_conflict';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('checkpoint_conflict', detail, options);
+  }
+}
+export class InvalidPhaseError extends CkptGymError {
+  declare readonly code: 'invalid_phase';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('invalid_phase', detail, options);
+  }
+}
+export class DeadlineExceededError extends CkptGymError {
+  declare readonly code: 'deadline_exceeded';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('deadline_exceeded', detail, options);
+  }
+}
+export class ExportFailedError extends CkptGymError {
+  declare readonly code: 'export_failed';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('export_failed', detail, options);
+  }
+}
+export class RestartInScopeError extends CkptGymError {
+  declare readonly code: 'restart_in_scope';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('restart_in_scope', detail, options);
+  }
+}
+export class RetireIncompleteError extends CkptGymError {
+  declare readonly code: 'retire_incomplete';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('retire_incomplete', detail, options);
+  }
+}
+export class StaleAttemptError extends CkptGymError {
+  declare readonly code: 'stale_attempt';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('stale_attempt', detail, options);
+  }
+}
+export class AdmissionClosedError extends CkptGymError {
+  declare readonly code: 'admission_closed';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('admission_closed', detail, options);
+  }
+}
+export class ActivationOutOfOrderError extends CkptGymError {
+  declare readonly code: 'activation_out_of_order';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('activation_out_of_order', detail, options);
+  }
+}
+export class RolloutIdRequiredError extends CkptGymError {
+  declare readonly code: 'rollout_id_required';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('rollout_id_required', detail, options);
+  }
+}
+export class InvalidRolloutIdError extends CkptGymError {
+  declare readonly code: 'invalid_rollout_id';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('invalid_rollout_id', detail, options);
+  }
+}
+export class UnauthorizedError extends CkptGymError {
+  declare readonly code: 'unauthorized';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('unauthorized', detail, options);
+  }
+}
+export class NotFoundError extends CkptGymError {
+  declare readonly code: 'not_found';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('not_found', detail, options);
+  }
+}
+export class RolloutRetiredError extends CkptGymError {
+  declare readonly code: 'rollout_retired';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('rollout_retired', detail, options);
+  }
+}
+export class CheckpointStateError extends CkptGymError {
+  declare readonly code: 'invalid_checkpoint_state';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('invalid_checkpoint_state', detail, options);
+  }
+}
+export class InvalidRequestError extends CkptGymError {
+  declare readonly code: 'invalid_request';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('invalid_request', detail, options);
+  }
+}
+export class PayloadTooLargeError extends CkptGymError {
+  declare readonly code: 'payload_too_large';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('payload_too_large', detail, options);
+  }
+}
+export class ConfigError extends CkptGymError {
+  declare readonly code: 'invalid_config';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('invalid_config', detail, options);
+  }
+}
+export class InternalError extends CkptGymError {
+  declare readonly code: 'internal_error';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('internal_error', detail, options);
+  }
+}
+export class UpstreamError extends CkptGymError {
+  declare readonly code: 'upstream_error';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('upstream_error', detail, options);
+  }
+}
+export class MalformedRequestError extends CkptGymError {
+  declare readonly code: 'malformed_request';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('malformed_request', detail, options);
+  }
+}
+export class HeadersTooLargeError extends CkptGymError {
+  declare readonly code: 'headers_too_large';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('headers_too_large', detail, options);
+  }
+}
+export class OverloadedError extends CkptGymError {
+  declare readonly code: 'overloaded';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('overloaded', detail, options);
+  }
+}
 
 /** When a request refused with `code` may be sent again. */
 export function retryRule(code: ErrorCode): RetryRule {

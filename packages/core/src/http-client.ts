@@ -8,7 +8,7 @@ import { Agent } from 'node:http';
 
 import got, { type Got, HTTPError, RequestError, type Response } from 'got';
 
-import { ConfigError, UpstreamError } from './errors.js';
+import { ConfigError, type ErrorCode, isErrorCode, UpstreamError } from './errors.js';
 import {
   DEFAULT_CONTROL_CONNECTION_LIMIT,
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
@@ -77,17 +77,25 @@ export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
 
 /** A control call answered with a status other than 200. */
 export class ControlHttpError extends Error {
+  /**
+   * The catalogue code of the refusal (`if (err.code === 'stale_checkpoint')`), or undefined when
+   * the body is not a ckpt-gym error: another shape, or a code the catalogue does not define (the
+   * message still shows it).
+   */
+  readonly code: ErrorCode | undefined;
+
   constructor(
     readonly url: string,
     /** The HTTP status received. */
     readonly status: number,
     /** `error.code` of the reply body, when the body has the standard error shape. */
-    readonly code: string | undefined,
+    replyCode: string | undefined,
     /** `error.detail`, or the first 200 bytes of the body. */
     readonly detail: string,
   ) {
-    super([`HTTP ${status}`, code, detail.trim()].filter(Boolean).join(' '));
+    super([`HTTP ${status}`, replyCode, detail.trim()].filter(Boolean).join(' '));
     this.name = 'ControlHttpError';
+    this.code = isErrorCode(replyCode) ? replyCode : undefined;
   }
 }
 

@@ -458,7 +458,7 @@ class BatchedFileWriter implements TextSink {
   }
 
   #throwIfFailed(): void {
-    if (this.#failure !== undefined) throw this.#failure;
+    if (this.#failure !== undefined) throw this.#failure as Error; // fs rejects with Errors
   }
 }
 

@@ -1,9 +1,21 @@
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 
 import express, { type Request, type Response } from 'express';
+import ts from 'typescript';
 
-import { ERROR_CATALOGUE, errorFromBody, toClientError } from '../src/errors.js';
+import {
+  CkptGymError,
+  ERROR_CATALOGUE,
+  errorFromBody,
+  isCkptGymError,
+  StaleAttemptError,
+  toClientError,
+} from '../src/errors.js';
+
+const ERRORS_SOURCE = join(import.meta.dirname, '../src/errors.ts');
 
 describe('the error catalogue', () => {
   test('docs/errors.md lists every code with its HTTP status and retry rule, and no code the catalogue lacks', () => {
@@ -114,5 +126,108 @@ describe('the error catalogue', () => {
     }
     // Only the router's: a URIError our own code raises is a bug, not the client's.
     expect(toClientError(new URIError('URI malformed')).code).toBe('internal_error');
+  });
+});
+
+describe('the error classes', () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), 'ckpt-gym-errors-'));
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  // What a package built against @ckpt-gym/core sees: the declaration tsc emits for errors.ts.
+  function compileAgainstDeclaration(consumer: string): {
+    program: ts.Program;
+    diagnostics: string[];
+  } {
+    const options: ts.CompilerOptions = {
+      strict: true,
+      target: ts.ScriptTarget.ES2022,
+      module: ts.ModuleKind.NodeNext,
+      moduleResolution: ts.ModuleResolutionKind.NodeNext,
+      types: [],
+      skipLibCheck: true,
+    };
+    const emitted = ts
+      .createProgram([ERRORS_SOURCE], { ...options, declaration: true, emitDeclarationOnly: true })
+      .emit(undefined, (name, text) => {
+        if (name.endsWith('.d.ts')) writeFileSync(join(dir, 'errors.d.ts'), text);
+      });
+    expect(emitted.diagnostics).toEqual([]);
+    writeFileSync(join(dir, 'consumer.ts'), consumer);
+    const program = ts.createProgram([join(dir, 'consumer.ts')], { ...options, noEmit: true });
+    const diagnostics = ts
+      .getPreEmitDiagnostics(program)
+      .map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));
+    return { program, diagnostics };
+  }
+
+  test('the published declaration keeps every code class a subclass of CkptGymError with its code narrowed', () => {
+    const { program, diagnostics } = compileAgainstDeclaration(`
+      import { CkptGymError, StaleAttemptError } from './errors.js';
+      const base: CkptGymError = new StaleAttemptError('x');
+      const thrown: unknown = base;
+      if (thrown instanceof StaleAttemptError) {
+        const code: 'stale_attempt' = thrown.code;
+        void code;
+      }
+    `);
+    expect(diagnostics).toEqual([]);
+    // Structure alone would pass the lines above for a mixin's anonymous class; a type-aware lint
+    // (only-throw-error) and a reader need the nominal chain, so walk the declared base types.
+    const checker = program.getTypeChecker();
+    const declaration = program.getSourceFile(join(dir, 'errors.d.ts'))!;
+    const chains: Record<string, string[]> = {};
+    const codes: Record<string, string> = {};
+    for (const statement of declaration.statements) {
+      if (!ts.isClassDeclaration(statement) || !statement.name) continue;
+      const type = checker.getTypeAtLocation(statement.name) as ts.InterfaceType;
+      const chain: string[] = [];
+      for (let base = checker.getBaseTypes(type)[0]; base;) {
+        chain.push(base.symbol.name);
+        base = base.isClassOrInterface() ? checker.getBaseTypes(base)[0] : undefined;
+      }
+      chains[statement.name.text] = chain;
+      const code = checker.getTypeOfSymbol(type.getProperty('code')!);
+      codes[statement.name.text] = code.isStringLiteral() ? code.value : checker.typeToString(code);
+    }
+    const { CkptGymError: base, ...subclasses } = chains;
+    expect(base).toEqual(['Error']);
+    expect(Object.keys(subclasses)).toHaveLength(Object.keys(ERROR_CATALOGUE).length);
+    for (const [name, chain] of Object.entries(subclasses)) {
+      expect([name, chain]).toEqual([name, ['CkptGymError', 'Error']]);
+    }
+    // One class per code, each with its code as a literal type (the base's is the ErrorCode union).
+    const { CkptGymError: _union, ...subclassCodes } = codes;
+    expect(Object.values(subclassCodes).sort()).toEqual(Object.keys(ERROR_CATALOGUE).sort());
+  });
+
+  test('an error from another copy of @ckpt-gym/core (a duplicate install) is a CkptGymError and reaches the client typed', async () => {
+    const source = ts.transpileModule(readFileSync(ERRORS_SOURCE, 'utf8'), {
+      compilerOptions: { target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.ESNext },
+    }).outputText;
+    writeFileSync(join(dir, 'copy.mjs'), source);
+    const copy = (await import(
+      pathToFileURL(join(dir, 'copy.mjs')).href
+    )) as typeof import('../src/errors.js');
+    expect(copy.CkptGymError).not.toBe(CkptGymError);
+
+    const foreign = new copy.StaleAttemptError('attempt 1 of rollout r was retired');
+    expect([foreign instanceof CkptGymError, isCkptGymError(foreign)]).toEqual([true, true]);
+    expect(toClientError(foreign).toBody()).toEqual({
+      error: { code: 'stale_attempt', detail: 'attempt 1 of rollout r was retired' },
+    });
+    // Both ways round, and a subclass keeps the exact prototype check.
+    expect(new StaleAttemptError('x') instanceof copy.CkptGymError).toBe(true);
+    expect(foreign instanceof StaleAttemptError).toBe(false);
+    expect(new StaleAttemptError('x') instanceof StaleAttemptError).toBe(true);
+    for (const other of [new Error('x'), { code: 'stale_attempt' }, null, 'stale_attempt']) {
+      expect([other, other instanceof CkptGymError, isCkptGymError(other)]).toEqual([
+        other,
+        false,
+        false,
+      ]);
+    }
   });
 });

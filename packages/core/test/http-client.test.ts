@@ -130,6 +130,21 @@ test('a non-200 reply is a ControlHttpError built from the error body', async ()
   });
 });
 
+test("a refusal's code is typed only when the catalogue defines it; another code stays in the message", async () => {
+  server = await startServer({
+    foreign: { status: 409, body: '{"error":{"code":"no_such_code","detail":"from elsewhere"}}' },
+  });
+  clients = createHttpClients();
+  const call = getControl(clients.control, `${server.url}/reply/foreign`, { token: 't' });
+  await expect(call).rejects.toThrow(ControlHttpError);
+  await expect(call).rejects.toMatchObject({
+    status: 409,
+    code: undefined,
+    detail: 'from elsewhere',
+    message: 'HTTP 409 no_such_code from elsewhere',
+  });
+});
+
 test('a non-200 reply without the error shape names the first 200 bytes of its body', async () => {
   const text = `"${'x'.repeat(300)}"`;
   server = await startServer({ broken: { status: 500, body: text } });
