@@ -11,9 +11,9 @@
  * and tag), and `onChange` tells an observer when to send a fresh one, so a coordinator in another
  * process can add up the workers' readiness without reaching into them.
  */
-import type { CkptGymError } from '../errors.js';
+import { type CkptGymError, StaleAttemptError } from '../errors.js';
 import { captureKey, covers, type EpisodeId } from '../identity.js';
-import { type Decision, retiredAttempt } from './rules.js';
+import type { Decision } from './rules.js';
 
 /** What the gate tells a rule about itself. */
 export interface GateView {
@@ -40,7 +40,7 @@ export interface AdmitOptions extends EnterOptions {
 }
 
 /** One piece of admitted work. */
-export interface Ticket {
+export interface AdmissionTicket {
   readonly episode: EpisodeId | undefined;
   readonly key: string;
   readonly tag: string;
@@ -52,25 +52,25 @@ export interface Ticket {
 
 /** The gate's counts and readiness as plain JSON: what a worker reports to its coordinator. */
 export interface GateSnapshot {
-  open: boolean;
+  readonly open: boolean;
   /** True once anything was admitted (a server that served requests refuses a restore). */
-  served: boolean;
-  inFlight: number;
-  waiting: number;
+  readonly served: boolean;
+  readonly inFlight: number;
+  readonly waiting: number;
   /** Waiting requests that named no attempt (no retire refuses them). */
-  waitingUntagged: number;
+  readonly waitingUntagged: number;
   /** In-flight tickets by key (non-zero counts only). */
-  byKey: Record<string, number>;
+  readonly byKey: Record<string, number>;
   /** In-flight tickets by tag (non-zero counts only). */
-  byTag: Record<string, number>;
+  readonly byTag: Record<string, number>;
 }
 
 export interface AdmissionGateOptions {
-  /** The reason a retire aborts a ticket with; `retiredAttempt` of its episode by default. */
-  retiredError?: (ticket: Ticket) => CkptGymError;
+  /** The reason a retire aborts a ticket with; by default `attempt <key> was retired`. */
+  retiredError?: (ticket: AdmissionTicket) => CkptGymError;
 }
 
-interface LiveTicket extends Ticket {
+interface LiveTicket extends AdmissionTicket {
   readonly controller: AbortController;
   readonly settle: () => void;
 }
@@ -169,10 +169,11 @@ export class AdmissionGate {
   #waiting = 0;
   #waitingUntagged = 0;
   readonly #listeners = new Set<() => void>();
-  readonly #retiredError: (ticket: Ticket) => CkptGymError;
+  readonly #retiredError: (ticket: AdmissionTicket) => CkptGymError;
 
   constructor(options: AdmissionGateOptions = {}) {
-    this.#retiredError = options.retiredError ?? ((t) => retiredAttempt(t.episode!));
+    this.#retiredError =
+      options.retiredError ?? ((t) => new StaleAttemptError(`attempt ${t.key} was retired`));
   }
 
   get isOpen(): boolean {
@@ -231,9 +232,12 @@ export class AdmissionGate {
    * flight), throws its refusal, and enters the ticket in the same tick as the rule's admit, so
    * no checkpoint can close in between. `then` runs in that tick too, with the new ticket.
    */
-  admit(options: AdmitOptions): Promise<Ticket>;
-  admit<T>(options: AdmitOptions, then: (ticket: Ticket) => T): Promise<T>;
-  admit<T>(options: AdmitOptions, then?: (ticket: Ticket) => T): Promise<T | Ticket> {
+  admit(options: AdmitOptions): Promise<AdmissionTicket>;
+  admit<T>(options: AdmitOptions, then: (ticket: AdmissionTicket) => T): Promise<T>;
+  admit<T>(
+    options: AdmitOptions,
+    then?: (ticket: AdmissionTicket) => T,
+  ): Promise<T | AdmissionTicket> {
     return this.#decide(options, () => {
       const ticket = this.enter(options);
       return then ? then(ticket) : ticket;
@@ -248,7 +252,7 @@ export class AdmissionGate {
   }
 
   /** Admits, runs `work` under the ticket, and leaves whatever happens. */
-  async run<T>(options: AdmitOptions, work: (ticket: Ticket) => Promise<T>): Promise<T> {
+  async run<T>(options: AdmitOptions, work: (ticket: AdmissionTicket) => Promise<T>): Promise<T> {
     const ticket = await this.admit(options);
     try {
       return await work(ticket);
@@ -320,7 +324,7 @@ export class AdmissionGate {
   // --- tickets ------------------------------------------------------------------------------
 
   /** Enters a ticket without asking a rule (the caller decided already, in this tick). */
-  enter(options: EnterOptions = {}): Ticket {
+  enter(options: EnterOptions = {}): AdmissionTicket {
     const { episode } = options;
     const key =
       typeof options.key === 'function'
@@ -347,7 +351,7 @@ export class AdmissionGate {
   }
 
   /** The ticket leaves the gate; a second call changes nothing. */
-  leave(ticket: Ticket): void {
+  leave(ticket: AdmissionTicket): void {
     const live = ticket as LiveTicket;
     const tagged = this.#byTag.get(live.tag);
     if (!tagged?.has(live)) return;
@@ -361,7 +365,7 @@ export class AdmissionGate {
   }
 
   /** The in-flight tickets, of one tag or all. */
-  tickets(tag?: string): Iterable<Ticket> {
+  tickets(tag?: string): Iterable<AdmissionTicket> {
     if (tag !== undefined) return this.#byTag.get(tag) ?? [];
     return [...this.#byTag.values()].flatMap((set) => [...set]);
   }
@@ -382,8 +386,8 @@ export class AdmissionGate {
   }
 
   /** The tickets of `episode` and its earlier attempts (of one tag, or all). */
-  covered(episode: EpisodeId, tag?: string): Ticket[] {
-    const out: Ticket[] = [];
+  covered(episode: EpisodeId, tag?: string): AdmissionTicket[] {
+    const out: AdmissionTicket[] = [];
     for (const ticket of this.#byRollout.get(episode.rollout_id) ?? []) {
       if ((tag === undefined || ticket.tag === tag) && covers(episode, ticket.episode!)) {
         out.push(ticket);
