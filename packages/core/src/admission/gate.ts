@@ -245,9 +245,12 @@ export class AdmissionGate {
   }
 
   /** As `admit`, for a request that holds no ticket (it neither blocks nor is retired). */
-  pass(options: AdmitOptions): Promise<void> {
+  pass(options: AdmitOptions): Promise<void>;
+  pass<T>(options: AdmitOptions, then: () => T): Promise<T>;
+  pass<T>(options: AdmitOptions, then?: () => T): Promise<T | void> {
     return this.#decide(options, () => {
       this.#served = true;
+      return then?.();
     });
   }
 

@@ -77,7 +77,7 @@ export function modelCallAdmission(s: ModelCallState): Decision {
 
 export type ResourcesRole = 'start' | 'close' | 'verify' | 'tool';
 export type ResourcesMode = 'restart_only' | 'stateless' | 'exported';
-export type ResourcesVerify = 'replay' | 'reset';
+export type ResourcesVerify = 'wait' | 'replay';
 
 export interface ResourcesWaitState extends OpenState {
   readonly role: ResourcesRole;

@@ -35,23 +35,23 @@ describe('resourcesWaits', () => {
   const waits = (
     role: 'start' | 'close' | 'verify' | 'tool',
     mode: 'restart_only' | 'stateless',
-    verify: 'replay' | 'reset',
+    verify: 'replay' | 'wait',
   ) => resourcesWaits({ open: false, role, mode, verify });
 
   test('while closed a start always waits; in restart_only nothing else does', () => {
-    expect(waits('start', 'restart_only', 'reset')).toBe(true);
-    expect(waits('tool', 'restart_only', 'reset')).toBe(false);
-    expect(waits('close', 'restart_only', 'reset')).toBe(false);
+    expect(waits('start', 'restart_only', 'wait')).toBe(true);
+    expect(waits('tool', 'restart_only', 'wait')).toBe(false);
+    expect(waits('close', 'restart_only', 'wait')).toBe(false);
   });
 
   test('otherwise everything waits but a replayable verify', () => {
-    expect(waits('tool', 'stateless', 'reset')).toBe(true);
-    expect(waits('verify', 'stateless', 'reset')).toBe(true);
+    expect(waits('tool', 'stateless', 'wait')).toBe(true);
+    expect(waits('verify', 'stateless', 'wait')).toBe(true);
     expect(waits('verify', 'stateless', 'replay')).toBe(false);
   });
 
   test('nothing waits while open', () => {
-    expect(resourcesWaits({ open: true, role: 'start', mode: 'exported', verify: 'reset' })).toBe(
+    expect(resourcesWaits({ open: true, role: 'start', mode: 'exported', verify: 'wait' })).toBe(
       false,
     );
   });
@@ -62,7 +62,7 @@ describe('resourcesAdmission', () => {
     open: true,
     role: 'tool',
     mode: 'exported',
-    verify: 'reset',
+    verify: 'wait',
     path: '/t',
     sessionId: 's',
     episode: r(1),
