@@ -415,11 +415,14 @@ export class AdmissionGate {
    * for them to leave. Untagged work is never touched.
    */
   async retire(episode: EpisodeId, tag?: string): Promise<void> {
-    const tickets = this.covered(episode, tag) as LiveTicket[];
-    for (const ticket of tickets) {
-      if (!ticket.signal.aborted) ticket.controller.abort(this.#retiredError(ticket));
-    }
+    const tickets = this.covered(episode, tag);
+    for (const ticket of tickets) this.abort(ticket, this.#retiredError(ticket));
     await Promise.all(tickets.map((t) => t.left));
+  }
+
+  /** Stops one ticket's work with `reason`; only the first abort counts. */
+  abort(ticket: AdmissionTicket, reason: Error): void {
+    if (!ticket.signal.aborted) (ticket as LiveTicket).controller.abort(reason);
   }
 
   /** The gate's state as plain JSON (see the file comment). */
