@@ -10,6 +10,9 @@
  * - Retired marks refuse a call `stale_attempt`. Raising a mark flags every call of a covered
  *   attempt still waiting at admission as refused for good, and wakes it — so a retire cut short
  *   by its deadline, or forgotten before admission reopens, still refuses the call.
+ *
+ * Admission, waiting, counting and retire are core's `AdmissionGate` applying the model rule
+ * (`modelCallAdmission`); this class adds what only the model has: held responses.
  */
 import { randomUUID } from 'node:crypto';
 
