@@ -4,8 +4,9 @@
  * builders and built only if a checkpoint exports them.
  */
 import {
-  AdmissionClosedError,
+  AdmissionGate,
   type AdmissionRequest,
+  agentCloseAdmission,
   BaseParticipant,
   captureKey,
   CheckpointError,
@@ -18,6 +19,7 @@ import {
   IdleQueue,
   InvalidRequestError,
   type JsonObject,
+  legacyRunAdmission,
   type JsonValue,
   nextAttempt,
   type PrepareReport,
@@ -31,7 +33,11 @@ import {
   type CheckpointRecord,
 } from '@ckpt-gym/core';
 
+import { restartCall, runSeed, SEED } from './admission.js';
 import { RolloutIndex } from './sessions.js';
+
+/** The gate's tag of a direct `/v1/responses` call under a rollout path. */
+const DIRECT = 'direct';
 
 export type SessionState = 'idle' | 'running' | 'at_boundary';
 
@@ -170,18 +176,6 @@ export function sessionBlocks(s: {
   return s.retired || s.closing || s.state === 'running';
 }
 
-interface SeedInProgress {
-  readonly key: string;
-  readonly episode: EpisodeId;
-  readonly done: Promise<void>;
-}
-
-interface DirectCall {
-  readonly episode: EpisodeId;
-  readonly controller: AbortController;
-  readonly done: Promise<void>;
-}
-
 /** Waits for `promise`, or rejects with the signal's reason. */
 export function untilSettledOr<T>(
   promise: Promise<T>,
@@ -223,18 +217,13 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   });
   /** The JSON of exported session states, by object (see `exportAgentSessions`). */
   private readonly sessionTexts = new WeakMap<object, string>();
-  private readonly seeds = new RolloutIndex<SeedInProgress>();
-  private readonly seedList = new Set<SeedInProgress>();
-  private readonly direct = new RolloutIndex<DirectCall>();
-  private readonly directCalls = new Set<DirectCall>();
+  /** Seeds and closes wait here while a checkpoint is open; seeds and direct calls are its tickets. */
+  readonly gate = new AdmissionGate();
   /** Legacy `/run` protocol steps, keyed `run:<rollout_id>`. */
   readonly steps = new EpisodeSteps({ onChange: () => this.notifyChange() });
   /** Restored legacy protocol boundaries, until their `/run` claims them. */
   private readonly legacyRestored = new Map<string, Boundary | null>();
-  private accepting = true;
   private carried: ReadonlySet<string> = new Set();
-  private reopened: Promise<void> = Promise.resolve();
-  private reopen: () => void = () => undefined;
 
   constructor(
     instance: string,
@@ -246,44 +235,25 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   // --- admission ----------------------------------------------------------------------------
 
   get isAccepting(): boolean {
-    return this.accepting;
+    return this.gate.isOpen;
   }
 
   async closeAdmission(request: AdmissionRequest): Promise<void> {
-    if (this.accepting) {
-      this.reopened = new Promise((resolve) => {
-        this.reopen = resolve;
-      });
-    }
-    this.accepting = false;
+    this.gate.close();
     this.carried = request.carriedRestarts;
     this.steps.close();
   }
 
   async openAdmission(): Promise<void> {
-    this.accepting = true;
     this.carried = new Set();
     this.steps.open();
-    this.reopen();
+    this.gate.open();
     this.notifyChange();
   }
 
   /** Resolves once admission is open (at once when it is), or rejects when `signal` aborts. */
-  async untilOpen(signal?: AbortSignal): Promise<void> {
-    while (!this.accepting) await untilSettledOr(this.reopened, signal);
-  }
-
-  /** Seeds and closes waiting for resume: they hold up nothing, but status shows them. */
-  private waiting = 0;
-
-  private async waitForResume(signal: AbortSignal | undefined): Promise<void> {
-    if (this.accepting) return;
-    this.waiting += 1;
-    try {
-      await this.untilOpen(signal);
-    } finally {
-      this.waiting -= 1;
-    }
+  untilOpen(signal?: AbortSignal): Promise<void> {
+    return this.gate.waitOpen(signal);
   }
 
   // --- readiness ----------------------------------------------------------------------------
@@ -295,7 +265,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   /** Cheap: looks only at sessions that block (usually none), never at every session. */
   ready(): boolean {
     if (this.steps.blockerCount() > 0) return false;
-    for (const seed of this.seedList) if (!this.isCarried(seed.episode)) return false;
+    for (const seed of this.gate.tickets(SEED)) if (!this.isCarried(seed.episode!)) return false;
     for (const s of this.blocking) if (this.blocksDespiteCarried(s)) return false;
     return true;
   }
@@ -308,8 +278,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     const blockers = new Set<string>();
     for (const s of this.blocking)
       if (this.blocksDespiteCarried(s)) blockers.add(captureKey(s.episode));
-    for (const seed of this.seedList) {
-      if (!this.isCarried(seed.episode)) blockers.add(captureKey(seed.episode));
+    for (const seed of this.gate.tickets(SEED)) {
+      if (!this.isCarried(seed.episode!)) blockers.add(seed.key);
     }
     // Legacy runs are keyed `run:<rollout>`; report the attempt, as every other blocker.
     for (const key of this.steps.blockers()) {
@@ -324,8 +294,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       counts: {
         sessions: this.sessions.size,
         at_boundary: atBoundary,
-        seeds: this.seedList.size,
-        waiting_for_resume: this.waiting,
+        seeds: this.gate.count(SEED),
+        waiting_for_resume: this.gate.waiting,
       },
       restarts: this.restartKeys(),
     });
@@ -334,7 +304,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   /** Direct `/v1/responses` calls and legacy runs marked restart, as capture keys. */
   private restartKeys(): string[] {
     const keys = new Set<string>();
-    for (const call of this.directCalls) keys.add(captureKey(call.episode));
+    for (const call of this.gate.tickets(DIRECT)) keys.add(call.key);
     for (const key of this.steps.restarts()) {
       const s = this.sessions.get(key);
       if (s) keys.add(captureKey(s.episode));
@@ -350,7 +320,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     else this.blocking.delete(s);
     if (tracked && s.atBoundary) this.encodeAhead.add(s);
     // Outside a checkpoint nobody waits on readiness.
-    if (!this.accepting) this.notifyChange();
+    if (!this.gate.isOpen) this.notifyChange();
   }
 
   // --- sessions -----------------------------------------------------------------------------
@@ -373,7 +343,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.sessionsByRollout.delete(s.episode.rollout_id, s);
     this.blocking.delete(s);
     this.encodeAhead.delete(s);
-    if (!this.accepting) this.notifyChange();
+    if (!this.gate.isOpen) this.notifyChange();
   }
 
   /**
@@ -388,32 +358,16 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     free: () => Promise<void>,
     signal?: AbortSignal,
   ): Promise<T> {
-    this.refuseRetired(episode);
-    await this.waitForResume(signal);
-    this.refuseRetired(episode);
-    let finish!: () => void;
-    const seed: SeedInProgress = { key, episode, done: new Promise((r) => (finish = r)) };
-    this.seeds.add(episode.rollout_id, seed);
-    this.seedList.add(seed);
     try {
-      const built = await build();
-      if (this.marks.isRetired(episode)) {
-        await free();
-        throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired during its seed`);
-      }
-      this.openSession(key, episode);
-      return built;
+      return await runSeed(this.gate, this.marks, {
+        episode,
+        signal,
+        build,
+        free,
+        keep: () => this.openSession(key, episode),
+      });
     } finally {
-      this.seeds.delete(episode.rollout_id, seed);
-      this.seedList.delete(seed);
-      finish();
-      if (!this.accepting) this.notifyChange();
-    }
-  }
-
-  private refuseRetired(episode: EpisodeId): void {
-    if (this.marks.isRetired(episode)) {
-      throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired`);
+      if (!this.gate.isOpen) this.notifyChange();
     }
   }
 
@@ -498,7 +452,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
 
   private async boundary(s: Session, a: Activation, build: () => JsonObject): Promise<void> {
     s.boundary.set(build);
-    if (this.accepting) return;
+    if (this.gate.isOpen) return;
     this.update(s, () => {
       s.state = 'at_boundary';
     });
@@ -543,7 +497,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
    * A close a retire took over is `stale_attempt`; one cancelled while it waits ran no cleanup.
    */
   async closeSession<T>(key: string, cleanup: () => Promise<T>, signal?: AbortSignal): Promise<T> {
-    await this.waitForResume(signal);
+    await this.gate.pass({ signal, rule: agentCloseAdmission });
     const s = this.sessions.get(key);
     if (!s) return cleanup();
     const current = () => this.sessions.get(key) === s && !s.retired;
@@ -574,26 +528,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   // --- direct calls -------------------------------------------------------------------------
 
   /** A direct `/v1/responses` call under a rollout path: a restart, never blocking, retired like work. */
-  async directRestart<T>(
-    episode: EpisodeId,
-    work: (signal: AbortSignal) => Promise<T>,
-  ): Promise<T> {
-    this.refuseRetired(episode);
-    let finish!: () => void;
-    const call: DirectCall = {
-      episode,
-      controller: new AbortController(),
-      done: new Promise((r) => (finish = r)),
-    };
-    this.direct.add(episode.rollout_id, call);
-    this.directCalls.add(call);
-    try {
-      return await work(call.controller.signal);
-    } finally {
-      this.direct.delete(episode.rollout_id, call);
-      this.directCalls.delete(call);
-      finish();
-    }
+  directRestart<T>(episode: EpisodeId, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    return this.gate.run(restartCall(episode, DIRECT, this.marks), (call) => work(call.signal));
   }
 
   // --- legacy /run ----------------------------------------------------------------------------
@@ -604,25 +540,16 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
    */
   async legacyRun<T>(episode: EpisodeId, work: (ep: EpisodeContext) => Promise<T>): Promise<T> {
     const key = legacyKey(episode.rollout_id);
-    this.refuseRetired(episode);
     const existing = this.sessions.get(key);
+    const retired = this.marks.isRetired(episode);
+    const refusal = legacyRunAdmission({ open: this.gate.isOpen, episode, retired, key, existing });
+    if (refusal) throw refusal;
     let continuation: Boundary | null = null;
     if (existing) {
-      if (!existing.restoredPending || !sameEpisode(existing.episode, episode)) {
-        throw existing.retired || !sameEpisode(existing.episode, episode)
-          ? new StaleAttemptError(
-              `legacy run ${key} belongs to attempt ${captureKey(existing.episode)}`,
-            )
-          : new CheckpointError(`legacy run ${key} is already running`);
-      }
       continuation = this.legacyRestored.get(key) ?? null;
       this.legacyRestored.delete(key);
       this.claim(key);
     } else {
-      // Only seeds wait for resume; a new session of any other kind is refused meanwhile.
-      if (!this.accepting) {
-        throw new AdmissionClosedError(`legacy run ${key} refused while a checkpoint is open`);
-      }
       this.openSession(key, episode);
     }
     const s = this.sessions.get(key)!;
@@ -722,7 +649,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   }
 
   override checkRestore(): void {
-    if (this.seedList.size > 0) {
+    if (this.gate.count(SEED) > 0) {
       throw new CheckpointError('a restore is refused while an agent session seed is in progress');
     }
   }
@@ -767,20 +694,11 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
    * the session for a retry, which waits again without cancelling twice.
    */
   async retire(episode: EpisodeId): Promise<void> {
-    const rollout = episode.rollout_id;
-    await Promise.all(
-      this.seeds
-        .of(rollout)
-        .filter((s) => covers(episode, s.episode))
-        .map((s) => s.done),
-    );
-    const calls = this.direct.of(rollout).filter((c) => covers(episode, c.episode));
-    for (const c of calls)
-      c.controller.abort(new StaleAttemptError(`attempt ${captureKey(c.episode)} was retired`));
+    await this.gate.drain(episode, SEED);
     await Promise.all([
-      ...calls.map((c) => c.done),
+      this.gate.retire(episode, DIRECT),
       ...this.sessionsByRollout
-        .of(rollout)
+        .of(episode.rollout_id)
         .filter((s) => covers(episode, s.episode))
         .map((s) => this.retireSession(s)),
     ]);
@@ -814,7 +732,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   }
 
   override statusExtra(): Record<string, unknown> {
-    return { accepting: this.accepting };
+    return { accepting: this.gate.isOpen };
   }
 
   /** The attempt that owns `key`, if tracked. */

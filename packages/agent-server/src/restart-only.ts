@@ -4,9 +4,9 @@
  * from their input after a crash. Only a new session seed waits while a checkpoint is open.
  */
 import {
+  AdmissionGate,
   type AdmissionRequest,
   BaseParticipant,
-  captureKey,
   CheckpointError,
   type CheckpointRecord,
   covers,
@@ -17,18 +17,11 @@ import {
   prepareReport,
   requestEpisode,
   RolloutIdRequiredError,
-  StaleAttemptError,
 } from '@ckpt-gym/core';
 import type { Express, NextFunction, Request, Response } from 'express';
 
-import { untilSettledOr } from './participant.js';
+import { restartCall, runSeed, SEED } from './admission.js';
 import { RolloutIndex } from './sessions.js';
-
-interface Tracked {
-  readonly episode: EpisodeId;
-  readonly controller: AbortController;
-  readonly done: Promise<void>;
-}
 
 interface Seeded {
   readonly key: string;
@@ -38,17 +31,14 @@ interface Seeded {
 /** Frees a seeded session through the agent's close hook (a sandbox it started stops there). */
 export type ReleaseSession = (key: string) => Promise<void>;
 
+/** The gate's tag of a tracked `/run` or `/v1/responses` call. */
+const RUN = 'run';
+
 export class RestartOnlyParticipant extends BaseParticipant {
-  private readonly runs = new RolloutIndex<Tracked>();
-  private readonly allRuns = new Set<Tracked>();
-  private readonly seeds = new RolloutIndex<{ episode: EpisodeId; done: Promise<void> }>();
+  /** Seeds wait here while a checkpoint is open; runs and seeds are its tickets. */
+  readonly gate = new AdmissionGate();
   private readonly seeded = new RolloutIndex<Seeded>();
   private readonly seededByKey = new Map<string, Seeded>();
-  private accepting = true;
-  /** Seeds waiting for resume. */
-  private waiting = 0;
-  private reopened: Promise<void> = Promise.resolve();
-  private reopen: () => void = () => undefined;
 
   constructor(
     instance: string,
@@ -58,17 +48,11 @@ export class RestartOnlyParticipant extends BaseParticipant {
   }
 
   async closeAdmission(_request: AdmissionRequest): Promise<void> {
-    if (this.accepting) {
-      this.reopened = new Promise((resolve) => {
-        this.reopen = resolve;
-      });
-    }
-    this.accepting = false;
+    this.gate.close();
   }
 
   async openAdmission(): Promise<void> {
-    this.accepting = true;
-    this.reopen();
+    this.gate.open();
   }
 
   ready(): boolean {
@@ -77,11 +61,11 @@ export class RestartOnlyParticipant extends BaseParticipant {
 
   readiness(): PrepareReport {
     const keys = new Set<string>();
-    for (const run of this.allRuns) keys.add(captureKey(run.episode));
+    for (const run of this.gate.tickets(RUN)) keys.add(run.key);
     return prepareReport({
       blockers: [],
       blockerCount: 0,
-      counts: { inflight: this.allRuns.size, waiting_for_resume: this.waiting },
+      counts: { inflight: this.gate.count(RUN), waiting_for_resume: this.gate.waiting },
       restarts: [...keys].sort(),
     });
   }
@@ -106,62 +90,32 @@ export class RestartOnlyParticipant extends BaseParticipant {
   }
 
   /** Tracks one `/run` or `/v1/responses` call as a restart; a retire aborts `signal`. */
-  async track<T>(episode: EpisodeId, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
-    this.refuseRetired(episode);
-    let finish!: () => void;
-    const run: Tracked = {
-      episode,
-      controller: new AbortController(),
-      done: new Promise((r) => (finish = r)),
-    };
-    this.runs.add(episode.rollout_id, run);
-    this.allRuns.add(run);
-    try {
-      return await work(run.controller.signal);
-    } finally {
-      this.runs.delete(episode.rollout_id, run);
-      this.allRuns.delete(run);
-      finish();
-    }
+  track<T>(episode: EpisodeId, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    return this.gate.run(restartCall(episode, RUN, this.marks), (run) => work(run.signal));
   }
 
   /**
    * A session seed: waits while a checkpoint is open, then checks the retired mark; a seed whose
    * attempt was retired meanwhile frees what it built.
    */
-  async seeding<T>(
+  seeding<T>(
     key: string,
     episode: EpisodeId,
     build: () => Promise<T>,
     signal?: AbortSignal,
   ): Promise<T> {
-    this.refuseRetired(episode);
-    this.waiting += 1;
-    try {
-      while (!this.accepting) await untilSettledOr(this.reopened, signal);
-    } finally {
-      this.waiting -= 1;
-    }
-    this.refuseRetired(episode);
-    let finish!: () => void;
-    const seed = { episode, done: new Promise<void>((r) => (finish = r)) };
-    this.seeds.add(episode.rollout_id, seed);
-    try {
-      const built = await build();
-      if (this.marks.isRetired(episode)) {
-        await this.release(key);
-        throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired during its seed`);
-      }
-      if (!this.seededByKey.has(key)) {
+    return runSeed(this.gate, this.marks, {
+      episode,
+      signal,
+      build,
+      free: () => this.release(key),
+      keep: () => {
+        if (this.seededByKey.has(key)) return;
         const s = { key, episode };
         this.seededByKey.set(key, s);
         this.seeded.add(episode.rollout_id, s);
-      }
-      return built;
-    } finally {
-      this.seeds.delete(episode.rollout_id, seed);
-      finish();
-    }
+      },
+    });
   }
 
   /** The session was closed: nothing to free at retire any more. */
@@ -172,33 +126,17 @@ export class RestartOnlyParticipant extends BaseParticipant {
     this.seeded.delete(s.episode.rollout_id, s);
   }
 
-  private refuseRetired(episode: EpisodeId): void {
-    if (this.marks.isRetired(episode)) {
-      throw new StaleAttemptError(`attempt ${captureKey(episode)} was retired`);
-    }
-  }
-
   /** Stops the rollout's runs and waits for them and its seeds, then frees its seeded sessions. */
   async retire(episode: EpisodeId): Promise<void> {
-    const rollout = episode.rollout_id;
-    const runs = this.runs.of(rollout).filter((r) => covers(episode, r.episode));
-    for (const r of runs)
-      r.controller.abort(new StaleAttemptError(`attempt ${captureKey(r.episode)} was retired`));
-    await Promise.all([
-      ...runs.map((r) => r.done),
-      ...this.seeds
-        .of(rollout)
-        .filter((s) => covers(episode, s.episode))
-        .map((s) => s.done),
-    ]);
-    for (const s of this.seeded.of(rollout).filter((s) => covers(episode, s.episode))) {
+    await Promise.all([this.gate.retire(episode, RUN), this.gate.drain(episode, SEED)]);
+    for (const s of this.seeded.of(episode.rollout_id).filter((s) => covers(episode, s.episode))) {
       await this.release(s.key);
       this.closed(s.key);
     }
   }
 
   override statusExtra(): Record<string, unknown> {
-    return { accepting: this.accepting };
+    return { accepting: this.gate.isOpen };
   }
 }
 

@@ -14,6 +14,7 @@ export * from './http-client.js';
 export * from './coordination.js';
 export * from './json.js';
 export * from './participant.js';
+export * from './admission/index.js';
 export * from './server.js';
 export * from './capture/index.js';
 export * from './headers.js';

@@ -8,6 +8,7 @@
  * the episode parks at its next boundary) or `replay` mode (the checkpoint does not wait: the
  * boundary before the step is exported and the step runs again after a crash).
  */
+import { AdmissionGate, type AdmissionTicket } from './admission/gate.js';
 import { CheckpointError, DeadlineExceededError, StaleAttemptError } from './errors.js';
 import { IdleQueue } from './idle-queue.js';
 import { encodeJson, type JsonObject } from './json.js';
@@ -188,7 +189,6 @@ class Episode implements EpisodeView {
   readonly boundary: RecordedBoundary;
   continuation: Boundary | null;
   deadline: SuspendableDeadline | undefined;
-  readonly controller = new AbortController();
   /** Settles (never rejects) once the work has ended and the episode is forgotten. */
   ended: Promise<void> = Promise.resolve();
   private wakeup: Promise<void> | undefined;
@@ -196,15 +196,20 @@ class Episode implements EpisodeView {
 
   constructor(
     readonly key: string,
+    /** The episode's admission; its signal is the work's (a retire or the deadline aborts it). */
+    readonly ticket: AdmissionTicket,
     public restart: boolean,
     continuation: Boundary | null,
   ) {
     this.boundary = new RecordedBoundary(continuation);
     this.continuation = continuation;
-    this.controller.signal.addEventListener('abort', () => this.wake(), { once: true });
+    ticket.signal.addEventListener('abort', () => this.wake(), { once: true });
   }
 
-  /** Resolves at the next wake(); waiters re-check their condition, so no wake-up is lost. */
+  /**
+   * Resolves at the next wake(); waiters re-check their condition, so no wake-up is lost. Each
+   * episode parks on its own wake-up (not the gate's): a retire then wakes only its episode.
+   */
   nextWake(): Promise<void> {
     this.wakeup ??= new Promise<void>((resolve) => {
       this.resolveWakeup = resolve;
@@ -235,10 +240,11 @@ function untilDone(done: Promise<void>, signal: AbortSignal | undefined): Promis
 }
 
 export class EpisodeSteps {
+  /** Open or closed for a checkpoint; each tracked episode holds a ticket, under its key. */
+  readonly gate = new AdmissionGate();
   private readonly episodes = new Map<string, Episode>();
   private readonly onChange: (() => void) | undefined;
   private readonly onForget: ((key: string) => void) | undefined;
-  private isClosed = false;
   /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
   private blocking = 0;
   /** Episodes whose exported boundary is encoded ahead of a commit. */
@@ -263,13 +269,15 @@ export class EpisodeSteps {
     if (this.episodes.has(key)) {
       return Promise.reject(new CheckpointError(`episode ${key} is already running`));
     }
-    const ep = new Episode(key, options.restart ?? false, options.continuation ?? null);
+    const ticket = this.gate.enter({ key, tag: 'episode' });
+    const ep = new Episode(key, ticket, options.restart ?? false, options.continuation ?? null);
     this.episodes.set(key, ep);
     if (isBlocking(ep)) this.blocking += 1;
     if (options.deadlineSeconds != null) {
       const seconds = options.deadlineSeconds;
       ep.deadline = new SuspendableDeadline(seconds * 1000, () =>
-        ep.controller.abort(
+        this.gate.abort(
+          ticket,
           new DeadlineExceededError(`episode ${key} passed its deadline of ${seconds} s`),
         ),
       );
@@ -278,7 +286,7 @@ export class EpisodeSteps {
 
     const context: EpisodeContext = {
       key,
-      signal: ep.controller.signal,
+      signal: ticket.signal,
       continuation: () => {
         const continuation = ep.continuation;
         ep.continuation = null;
@@ -306,12 +314,12 @@ export class EpisodeSteps {
   }
 
   get closed(): boolean {
-    return this.isClosed;
+    return !this.gate.isOpen;
   }
 
   /** A checkpoint closes admission: episodes park at their next boundary. */
   close(): void {
-    this.isClosed = true;
+    this.gate.close();
     for (const ep of this.episodes.values()) {
       if (ep.state === 'parked' || ep.state === 'replay_step') ep.deadline?.suspend();
     }
@@ -319,7 +327,7 @@ export class EpisodeSteps {
 
   /** Resume: releases parked episodes and restarts their deadlines. */
   open(): void {
-    this.isClosed = false;
+    this.gate.open();
     for (const ep of this.episodes.values()) {
       ep.deadline?.resume();
       ep.wake();
@@ -340,7 +348,8 @@ export class EpisodeSteps {
       ep.retired = true;
     });
     ep.wake();
-    if (!ep.finishing) ep.controller.abort(new StaleAttemptError(`episode ${key} was retired`));
+    if (!ep.finishing)
+      this.gate.abort(ep.ticket, new StaleAttemptError(`episode ${key} was retired`));
     await untilDone(ep.ended, signal);
   }
 
@@ -407,7 +416,7 @@ export class EpisodeSteps {
 
   private changed(): void {
     // Outside a checkpoint nobody waits on readiness, so a step costs nothing extra.
-    if (this.isClosed) this.onChange?.();
+    if (this.closed) this.onChange?.();
   }
 
   /** Applies a state or flag change, keeping the blocker count exact. */
@@ -425,6 +434,7 @@ export class EpisodeSteps {
     if (isBlocking(ep)) this.blocking -= 1;
     ep.tracked = false;
     this.episodes.delete(ep.key);
+    this.gate.leave(ep.ticket);
     this.onForget?.(ep.key);
     this.toEncode.delete(ep);
     ep.deadline?.cancel();
@@ -434,7 +444,7 @@ export class EpisodeSteps {
   private async boundary(ep: Episode, state: BoundaryInput): Promise<void> {
     ep.boundary.set(state);
     if (!ep.tracked) return;
-    if (!this.isClosed || ep.restart) {
+    if (!this.closed || ep.restart) {
       if (ep.state !== 'running') {
         this.update(ep, () => {
           ep.state = 'running';
@@ -462,7 +472,7 @@ export class EpisodeSteps {
             cause === undefined ? undefined : { cause },
           );
         }
-        if (!this.isClosed) return;
+        if (!this.closed) return;
         await ep.nextWake();
       }
     } finally {
@@ -477,13 +487,13 @@ export class EpisodeSteps {
       this.update(ep, () => {
         ep.state = mode === 'wait' ? 'wait_step' : 'replay_step';
       });
-      if (mode === 'replay' && this.isClosed) ep.deadline?.suspend();
+      if (mode === 'replay' && this.closed) ep.deadline?.suspend();
     }
     let result: T;
     try {
       result = await fn();
     } catch (err) {
-      if (ep.tracked && mode === 'replay' && this.isClosed) {
+      if (ep.tracked && mode === 'replay' && this.closed) {
         // Its failure cleanup may close sessions the earlier boundary needs: export it with no
         // boundary (start over) and hold the failure until resume, so it neither blocks this
         // checkpoint nor finishes and drops its record before the commit.
@@ -496,7 +506,7 @@ export class EpisodeSteps {
     }
     // A replay step that completes during a checkpoint stays at the boundary before it until its
     // next boundary parks it with the step's result.
-    if (!(mode === 'replay' && this.isClosed)) this.leaveStep(ep);
+    if (!(mode === 'replay' && this.closed)) this.leaveStep(ep);
     return result;
   }
 
@@ -509,8 +519,8 @@ export class EpisodeSteps {
   }
 
   private async markRestart(ep: Episode): Promise<void> {
-    while (this.isClosed) {
-      if (ep.controller.signal.aborted) throw ep.controller.signal.reason;
+    while (this.closed) {
+      if (ep.ticket.signal.aborted) throw ep.ticket.signal.reason;
       await ep.nextWake();
     }
     this.update(ep, () => {

@@ -7,7 +7,6 @@ import { createHash } from 'node:crypto';
 
 import {
   type AdmissionRequest,
-  AdmissionClosedError,
   BaseParticipant,
   type Boundary,
   captureKey,
@@ -19,6 +18,7 @@ import {
   type EpisodeId,
   episodeIdFromJson,
   episodeIdToJson,
+  episodeRunAdmission,
   EpisodeSteps,
   type JsonObject,
   type JsonValue,
@@ -28,7 +28,6 @@ import {
   prepareReport,
   RECORD_FIELDS_JSON,
   RetireIncompleteError,
-  StaleAttemptError,
 } from '@ckpt-gym/core';
 
 export interface EnvironmentRecord extends CheckpointRecord {
@@ -157,10 +156,10 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
   }
 
   /**
-   * Begins the episode and runs `work` under its steps. Checks, in order: a retired attempt
-   * (`stale_attempt`); admission closed for anything but a replacement after the post-restore
-   * resume (`admission_closed`); a restored record for another task (`checkpoint_error`); an
-   * attempt already running (`checkpoint_error`). A refused request owns nothing.
+   * Begins the episode and runs `work` under its steps, once the environment rule
+   * (`episodeRunAdmission`) admits it: a retired attempt, admission closed for anything but a
+   * replacement after the post-restore resume, a restored record for another task, or an attempt
+   * already running is refused, in that order. A refused request owns nothing.
    */
   run<T>(
     episode: EpisodeId,
@@ -168,29 +167,19 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     options: EpisodeRunOptions,
     work: (ep: EpisodeContext) => Promise<T>,
   ): Promise<T> {
-    if (this.marks.isRetired(episode)) {
-      return Promise.reject(
-        new StaleAttemptError(
-          `rollout '${episode.rollout_id}' attempt ${episode.attempt} was retired`,
-        ),
-      );
-    }
     const key = captureKey(episode);
     const digest = taskDigest(task);
     const restored = this.restored.get(key);
-    if (this.steps.closed && (restored === undefined || this.awaitingResume)) {
-      return Promise.reject(
-        new AdmissionClosedError('episode admission is closed for a checkpoint'),
-      );
-    }
-    if (restored !== undefined && restored.task_digest !== digest) {
-      return Promise.reject(
-        new CheckpointError(`episode ${key} continues a checkpoint recorded for a different task`),
-      );
-    }
-    if (this.steps.has(key)) {
-      return Promise.reject(new CheckpointError(`episode ${key} is already running`));
-    }
+    const refusal = episodeRunAdmission({
+      episode,
+      key,
+      open: !this.steps.closed,
+      retired: this.marks.isRetired(episode),
+      restored: restored && { sameTask: restored.task_digest === digest },
+      awaitingResume: this.awaitingResume,
+      running: this.steps.has(key),
+    });
+    if (refusal) return Promise.reject(refusal);
     this.track(key);
     return this.steps.run(
       key,

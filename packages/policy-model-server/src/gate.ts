@@ -10,16 +10,24 @@
  * - Retired marks refuse a call `stale_attempt`. Raising a mark flags every call of a covered
  *   attempt still waiting at admission as refused for good, and wakes it — so a retire cut short
  *   by its deadline, or forgotten before admission reopens, still refuses the call.
+ *
+ * Admission, waiting, counting and retire are core's `AdmissionGate` applying the model rule
+ * (`modelCallAdmission`); this class adds what only the model has: held responses.
  */
 import { randomUUID } from 'node:crypto';
 
 import {
-  covers,
+  AdmissionGate,
   type EpisodeId,
+  modelCallAdmission,
   RetiredMarks,
-  StaleAttemptError,
+  staleCall,
+  type AdmissionTicket as GateTicket,
   captureKey as keyOf,
 } from '@ckpt-gym/core';
+
+/** The refusal of a call of a retired attempt (the model rule's). */
+export { staleCall as staleAttempt } from '@ckpt-gym/core';
 
 /** The marks of the gate's participant: raising one refuses the covered waiting calls at once. */
 export class GateMarks extends RetiredMarks {
@@ -51,154 +59,68 @@ export interface Ticket {
 
 interface LiveTicket extends Ticket {
   responseStarted: boolean;
-  cancel: AbortController;
-  cancelled: boolean;
-  /** Resolves when the ticket left the gate. */
-  left: Promise<void>;
-  leave: () => void;
-}
-
-interface Waiter {
-  readonly episode: EpisodeId;
-  refused: boolean;
-  left: Promise<void>;
-}
-
-/** Resolves on the next `fire()`; a fresh one replaces it each time. */
-class Signal {
-  #promise!: Promise<void>;
-  #resolve!: () => void;
-
-  constructor() {
-    this.#reset();
-  }
-
-  #reset(): void {
-    this.#promise = new Promise<void>((resolve) => (this.#resolve = resolve));
-  }
-
-  get next(): Promise<void> {
-    return this.#promise;
-  }
-
-  fire(): void {
-    const resolve = this.#resolve;
-    this.#reset();
-    resolve();
-  }
-}
-
-/** Waits for `wake`, or rejects with the signal's reason once it aborts. */
-function waitFor(wake: Promise<void>, signal: AbortSignal | undefined): Promise<void> {
-  if (!signal) return wake;
-  signal.throwIfAborted();
-  return new Promise<void>((resolve, reject) => {
-    const onAbort = () => {
-      reject(signal.reason instanceof Error ? signal.reason : new Error('request aborted'));
-    };
-    signal.addEventListener('abort', onAbort, { once: true });
-    void wake.then(() => {
-      signal.removeEventListener('abort', onAbort);
-      resolve();
-    });
-  });
-}
-
-export function staleAttempt(key: string): StaleAttemptError {
-  return new StaleAttemptError(`attempt ${key} was retired; this call is refused`);
+  exited: boolean;
+  readonly admitted: GateTicket;
 }
 
 export class PolicyGate {
   readonly marks: GateMarks;
-  #accepting = true;
-  readonly #changed = new Signal();
-  readonly #tickets = new Set<LiveTicket>();
-  /** Tagged tickets by rollout id, so a retire finds its calls without scanning. */
-  readonly #ticketsByRollout = new Map<string, Set<LiveTicket>>();
-  /** Calls waiting at closed admission, by rollout id. */
-  readonly #waiting = new Map<string, Set<Waiter>>();
+  /** Admission, waiting, in-flight counts and retire; this class adds held responses. */
+  readonly admission = new AdmissionGate({ retiredError: (t) => staleCall(t.key) });
+  /** Admitted tagged calls whose response has not started (they have no ledger row). */
+  readonly #undelivered = new Set<LiveTicket>();
   /** Started responses per capture key ('' for untagged calls). */
   readonly #streaming = new Map<string, number>();
   #streamingCount = 0;
-  #served = false;
 
   constructor(private readonly onChange: () => void = () => undefined) {
-    this.marks = new GateMarks((episodes) => this.#refuseWaiting(episodes));
+    this.marks = new GateMarks((episodes) => void this.admission.refuseWaiting(episodes));
   }
 
   get accepting(): boolean {
-    return this.#accepting;
+    return this.admission.isOpen;
   }
 
   /** True once any call was admitted (a server that served calls refuses to restore). */
   get served(): boolean {
-    return this.#served;
+    return this.admission.served;
   }
 
   /**
-   * Admits a call: waits while admission is closed, refuses a retired attempt `stale_attempt`
-   * (also while waiting), then enters a ticket in the same tick as the last admission check, so no
-   * checkpoint can close in between.
+   * Admits a call by the model rule (`modelCallAdmission`): waits while admission is closed,
+   * refuses a retired attempt `stale_attempt` (also while waiting), then enters a ticket in the
+   * same tick as the last admission check, so no checkpoint can close in between.
    */
-  async admit(episode: EpisodeId | undefined, signal?: AbortSignal): Promise<Ticket> {
-    let waiter: Waiter | undefined;
-    let leave: (() => void) | undefined;
-    try {
-      for (;;) {
-        if (waiter?.refused || (episode && this.marks.isRetired(episode))) {
-          throw staleAttempt(keyOf(episode!));
-        }
-        if (this.#accepting) return this.#enter(episode);
-        if (episode && !waiter) {
-          const left = new Promise<void>((resolve) => (leave = resolve));
-          waiter = { episode, refused: false, left };
-          this.#index(this.#waiting, episode.rollout_id).add(waiter);
-        }
-        await waitFor(this.#changed.next, signal);
-      }
-    } finally {
-      if (waiter) {
-        this.#unindex(this.#waiting, waiter.episode.rollout_id, waiter);
-        leave?.();
-      }
-    }
+  admit(episode: EpisodeId | undefined, signal?: AbortSignal): Promise<Ticket> {
+    const key = episode ? keyOf(episode) : undefined;
+    return this.admission.admit(
+      {
+        episode,
+        signal,
+        tag: 'call',
+        rule: (gate) =>
+          modelCallAdmission({
+            open: gate.open,
+            key,
+            retired: gate.refused || (episode !== undefined && this.marks.isRetired(episode)),
+          }),
+      },
+      (admitted) => this.#enter(admitted, key),
+    );
   }
 
-  #index<T>(map: Map<string, Set<T>>, rolloutId: string): Set<T> {
-    let set = map.get(rolloutId);
-    if (!set) {
-      set = new Set();
-      map.set(rolloutId, set);
-    }
-    return set;
-  }
-
-  #unindex<T>(map: Map<string, Set<T>>, rolloutId: string, item: T): void {
-    const set = map.get(rolloutId);
-    if (!set) return;
-    set.delete(item);
-    if (set.size === 0) map.delete(rolloutId);
-  }
-
-  #enter(episode: EpisodeId | undefined): Ticket {
-    const cancel = new AbortController();
-    let leave!: () => void;
-    const left = new Promise<void>((resolve) => (leave = resolve));
+  #enter(admitted: GateTicket, key: string | undefined): Ticket {
     const ticket: LiveTicket = {
       id: randomUUID().replace(/-/g, ''),
-      episode,
-      captureKey: episode ? keyOf(episode) : undefined,
+      episode: admitted.episode,
+      captureKey: key,
       admittedAt: Date.now() / 1000,
-      signal: cancel.signal,
+      signal: admitted.signal,
       responseStarted: false,
-      cancel,
-      cancelled: false,
-      left,
-      leave,
+      exited: false,
+      admitted,
     };
-    this.#served = true;
-    this.#tickets.add(ticket);
-    if (episode) this.#index(this.#ticketsByRollout, episode.rollout_id).add(ticket);
+    if (key !== undefined) this.#undelivered.add(ticket);
     this.onChange();
     return ticket;
   }
@@ -209,14 +131,10 @@ export class PolicyGate {
    */
   async deliver(ticket: Ticket, signal?: AbortSignal): Promise<void> {
     const live = ticket as LiveTicket;
-    while (!this.#accepting) {
-      await waitFor(
-        this.#changed.next,
-        signal ? AbortSignal.any([signal, live.signal]) : live.signal,
-      );
-    }
+    await this.admission.waitOpen(signal ? AbortSignal.any([signal, live.signal]) : live.signal);
     live.signal.throwIfAborted();
     live.responseStarted = true;
+    this.#undelivered.delete(live);
     const key = live.captureKey ?? '';
     this.#streaming.set(key, (this.#streaming.get(key) ?? 0) + 1);
     this.#streamingCount += 1;
@@ -226,8 +144,9 @@ export class PolicyGate {
   /** The ticket leaves the gate (always called once, when the call's work is over). */
   exit(ticket: Ticket): void {
     const live = ticket as LiveTicket;
-    if (!this.#tickets.delete(live)) return;
-    if (live.episode) this.#unindex(this.#ticketsByRollout, live.episode.rollout_id, live);
+    if (live.exited) return;
+    live.exited = true;
+    this.#undelivered.delete(live);
     if (live.responseStarted) {
       const key = live.captureKey ?? '';
       const count = (this.#streaming.get(key) ?? 1) - 1;
@@ -235,30 +154,16 @@ export class PolicyGate {
       else this.#streaming.set(key, count);
       this.#streamingCount -= 1;
     }
-    live.leave();
+    this.admission.leave(live.admitted);
     this.onChange();
   }
 
   close(): void {
-    this.#accepting = false;
+    this.admission.close();
   }
 
   open(): void {
-    this.#accepting = true;
-    this.#changed.fire();
-  }
-
-  #refuseWaiting(episodes: readonly EpisodeId[]): void {
-    let woke = false;
-    for (const e of episodes) {
-      for (const waiter of this.#waiting.get(e.rollout_id) ?? []) {
-        if (covers(e, waiter.episode)) {
-          waiter.refused = true;
-          woke = true;
-        }
-      }
-    }
-    if (woke) this.#changed.fire();
+    this.admission.open();
   }
 
   /**
@@ -268,20 +173,7 @@ export class PolicyGate {
    * Untagged calls are never touched.
    */
   async retire(episode: EpisodeId): Promise<void> {
-    this.#refuseWaiting([episode]);
-    const leaving: Promise<void>[] = [];
-    for (const waiter of this.#waiting.get(episode.rollout_id) ?? []) {
-      if (covers(episode, waiter.episode)) leaving.push(waiter.left);
-    }
-    for (const ticket of this.#ticketsByRollout.get(episode.rollout_id) ?? []) {
-      if (!ticket.episode || !covers(episode, ticket.episode)) continue;
-      if (!ticket.cancelled) {
-        ticket.cancelled = true;
-        ticket.cancel.abort(staleAttempt(ticket.captureKey ?? ''));
-      }
-      leaving.push(ticket.left);
-    }
-    await Promise.all(leaving);
+    await Promise.all([this.admission.refuseWaiting([episode]), this.admission.retire(episode)]);
   }
 
   /** No response is streaming. Cheap. */
@@ -299,27 +191,21 @@ export class PolicyGate {
   }
 
   get inflight(): number {
-    return this.#tickets.size;
+    return this.admission.inFlight;
   }
 
   /** Admitted calls whose response has not started. */
   get held(): number {
-    return this.#tickets.size - this.#streamingCount;
+    return this.admission.inFlight - this.#streamingCount;
   }
 
   /** The ids of admitted tagged calls whose response has not started (they have no ledger row). */
   undeliveredCallIds(): Set<string> {
-    const ids = new Set<string>();
-    for (const ticket of this.#tickets) {
-      if (ticket.captureKey !== undefined && !ticket.responseStarted) ids.add(ticket.id);
-    }
-    return ids;
+    return new Set([...this.#undelivered].map((t) => t.id));
   }
 
-  /** How many calls wait at closed admission (for tests and status). */
+  /** How many tagged calls wait at closed admission (for tests and status). */
   get waitingCount(): number {
-    let count = 0;
-    for (const set of this.#waiting.values()) count += set.size;
-    return count;
+    return this.admission.waiting - this.admission.waitingUntagged;
   }
 }

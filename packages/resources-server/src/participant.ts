@@ -8,7 +8,9 @@
  * - `exported`: as stateless, and sessions are exported, restored and retired through the hooks.
  */
 import {
+  AdmissionGate,
   type AdmissionRequest,
+  type AdmissionTicket,
   BaseParticipant,
   captureKey,
   CheckpointError,
@@ -16,17 +18,18 @@ import {
   type CheckpointRecord,
   type EpisodeId,
   episodeIdFromJson,
+  type GateView,
+  isReplayableVerify,
   type JsonObject,
   type JsonValue,
   type Logger,
   nextAttempt,
   type PrepareReport,
   prepareReport,
+  resourcesAdmission,
+  type ResourcesRequestState,
   RetiredMarks,
   RetireIncompleteError,
-  RolloutIdRequiredError,
-  sameEpisode,
-  StaleAttemptError,
 } from '@ckpt-gym/core';
 
 import type { CheckpointMode, Declarations, VerifyMode } from './definition.js';
@@ -90,11 +93,8 @@ export interface ResourcesParticipantOptions {
   readonly onSessionFreed?: (sessionId: string) => void;
 }
 
-function increment<K>(map: Map<K, number>, key: K, by: number): void {
-  const next = (map.get(key) ?? 0) + by;
-  if (next === 0) map.delete(key);
-  else map.set(key, next);
-}
+/** The gate's tag of a session start (a retire waits for the starts of its attempt). */
+const START = 'start';
 
 const RECORD_KEYS = new Set(['episode_id', 'session_id', 'state']);
 
@@ -108,25 +108,16 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   readonly #declarations: Declarations;
   readonly #logger: Logger | undefined;
   readonly #onSessionFreed: ((sessionId: string) => void) | undefined;
+  /**
+   * Admission by the resources rule (`resourcesAdmission`): its tickets are the requests that can
+   * hold up prepare (a replayable `/verify` has none), tagged by role, by capture key.
+   */
+  readonly gate = new AdmissionGate();
   readonly #sessions = new SessionTable();
-  /** Session starts may run. */
-  #open = true;
-  /** Other requests may run (stays true in restart_only: only starts wait there). */
-  #accepting = true;
   #carried: ReadonlySet<string> = new Set();
-  /** Requests that can hold up prepare, in total and by capture key. */
-  #inflight = 0;
-  readonly #inflightByKey = new Map<string, number>();
-  /** Admitted session starts: rollout → attempt → count. */
-  readonly #seeds = new Map<string, Map<number, number>>();
-  #seedCount = 0;
   /** Session ids of retired attempts, by rollout, until forget: cookie-only requests are refused. */
   readonly #retiredIds = new Map<string, Set<string>>();
   readonly #retiredRolloutOf = new Map<string, string>();
-  #served = false;
-  /** Requests waiting for admission to reopen. */
-  #waiting = 0;
-  readonly #waiters = new Set<() => void>();
 
   constructor(
     instance: string,
@@ -150,47 +141,36 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   // --- the data plane -----------------------------------------------------------------------------
 
   /**
-   * Admits one data-plane request: refuses a session start, close or verify without a rollout
-   * prefix, waits out an open checkpoint (a replayable `/verify` excepted), then checks the attempt
-   * against the session's owner and the retired marks, and counts the request.
+   * Admits one data-plane request by the resources rule: refuses a session start, close or verify
+   * without a rollout prefix, waits out an open checkpoint (a replayable `/verify` excepted), then
+   * checks the attempt against the session's owner and the retired marks, and counts the request.
    */
   async admit(req: AdmitRequest): Promise<Admission> {
-    if (req.role !== 'tool' && req.episode === undefined) {
-      throw new RolloutIdRequiredError(
-        `${req.path} needs the /ng-rollout/<capture key> prefix while checkpointing is on`,
-      );
-    }
-    const replayable = req.role === 'verify' && this.verify === 'replay';
-    // A waiting request is not in flight: it never holds up prepare.
-    this.#waiting += 1;
-    try {
-      await this.#until(
-        () => (req.role === 'start' ? this.#open : replayable || this.#accepting),
-        req.signal,
-      );
-    } finally {
-      this.#waiting -= 1;
-    }
-    // Nothing awaits from here to the count: a retire marked later waits for this seed.
-    const seed = req.role === 'start' ? (req.episode as EpisodeId) : undefined;
-    if (seed) this.#countSeed(seed, 1);
     let session: TrackedSession | undefined;
-    try {
-      session = this.#check(req);
-    } catch (err) {
-      if (seed) this.#countSeed(seed, -1);
-      throw err;
-    }
-    if (session) this.#sessions.claim(session);
-    this.#served = true;
-    const key = req.episode ? captureKey(req.episode) : (session?.key ?? '');
-    const blocking = !replayable;
-    if (blocking) {
-      this.#inflight += 1;
-      increment(this.#inflightByKey, key, 1);
-    }
-    if (session) session.inflight += 1;
-    this.#wake();
+    const options = {
+      episode: req.episode,
+      signal: req.signal,
+      tag: req.role,
+      key: () => (req.episode ? captureKey(req.episode) : (session?.key ?? '')),
+      rule: (gate: GateView) => {
+        session = this.#sessions.get(req.sessionId);
+        return resourcesAdmission(this.#requestState(req, gate.open, session));
+      },
+    };
+    // Runs in the tick of the admission, so no retire sees the session idle in between.
+    const claim = <T>(ticket: T): T => {
+      if (session) {
+        this.#sessions.claim(session);
+        session.inflight += 1;
+      }
+      this.#wake();
+      return ticket;
+    };
+    // A replayable /verify never holds up prepare: it waits for nothing and holds no ticket.
+    const ticket: AdmissionTicket | undefined = isReplayableVerify(req.role, this.verify)
+      ? await this.gate.pass(options, () => claim(undefined))
+      : await this.gate.admit(options, claim);
+    const admitted = session;
 
     let released = false;
     return {
@@ -198,45 +178,27 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       release: () => {
         if (released) return;
         released = true;
-        if (blocking) {
-          this.#inflight -= 1;
-          increment(this.#inflightByKey, key, -1);
-        }
-        if (session) session.inflight -= 1;
-        if (seed) this.#countSeed(seed, -1);
+        if (ticket) this.gate.leave(ticket);
+        if (admitted) admitted.inflight -= 1;
         this.#wake();
       },
     };
   }
 
-  /** The refusals, in order; returns the tracked session the request is on, if any. */
-  #check(req: AdmitRequest): TrackedSession | undefined {
-    const { role, episode, sessionId } = req;
-    const closing = role === 'close';
-    const session = this.#sessions.get(sessionId);
-    // A close is never refused for a retire: it is how its owner frees the session.
-    if (!closing && (session?.fenced || this.#retiredRolloutOf.has(sessionId))) {
-      throw new StaleAttemptError(`resources session '${sessionId}' belongs to a retired attempt`);
-    }
-    if (!closing && episode && this.marks.isRetired(episode)) {
-      throw new StaleAttemptError(
-        `rollout '${episode.rollout_id}' attempt ${episode.attempt} was retired`,
-      );
-    }
-    if (!session || role === 'start') return session;
-    if (episode === undefined) {
-      // The cookie alone cannot tell the replacement from the attempt the restore replaced.
-      if (session.restored) {
-        throw new RolloutIdRequiredError(
-          `resources session '${sessionId}' was restored; name its attempt with the /ng-rollout/<capture key> prefix`,
-        );
-      }
-    } else if (!sameEpisode(episode, session.episode)) {
-      throw new StaleAttemptError(
-        `resources session '${sessionId}' belongs to attempt ${session.key}, not ${captureKey(episode)}`,
-      );
-    }
-    return session;
+  #requestState(
+    req: AdmitRequest,
+    open: boolean,
+    session: TrackedSession | undefined,
+  ): ResourcesRequestState {
+    return {
+      ...req,
+      open,
+      mode: this.mode,
+      verify: this.verify,
+      attemptRetired: req.episode !== undefined && this.marks.isRetired(req.episode),
+      sessionRetired: session?.fenced === true || this.#retiredRolloutOf.has(req.sessionId),
+      session,
+    };
   }
 
   #apply(req: AdmitRequest, sessionId: string, endRequested: boolean): void {
@@ -250,24 +212,6 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     const verifyEnds = req.role === 'verify' && !(this.verify === 'replay' && req.closeFollows);
     if (req.role === 'close' || verifyEnds || endRequested) this.#sessions.remove(sessionId);
     this.#wake();
-  }
-
-  #countSeed(episode: EpisodeId, by: number): void {
-    let attempts = this.#seeds.get(episode.rollout_id);
-    if (!attempts) {
-      attempts = new Map();
-      this.#seeds.set(episode.rollout_id, attempts);
-    }
-    increment(attempts, episode.attempt, by);
-    if (attempts.size === 0) this.#seeds.delete(episode.rollout_id);
-    this.#seedCount += by;
-  }
-
-  #seedInFlight(rolloutId: string, atMost: number): boolean {
-    const attempts = this.#seeds.get(rolloutId);
-    if (!attempts) return false;
-    for (const attempt of attempts.keys()) if (attempt <= atMost) return true;
-    return false;
   }
 
   #rememberRetired(sessionId: string, rolloutId: string): void {
@@ -300,38 +244,21 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     }
   }
 
-  async #until(predicate: () => boolean, signal?: AbortSignal): Promise<void> {
-    while (!predicate()) {
-      signal?.throwIfAborted();
-      await new Promise<void>((resolve) => {
-        const wake = (): void => {
-          this.#waiters.delete(wake);
-          signal?.removeEventListener('abort', wake);
-          resolve();
-        };
-        this.#waiters.add(wake);
-        signal?.addEventListener('abort', wake, { once: true });
-      });
-    }
-  }
-
   #wake(): void {
     this.notifyChange();
-    for (const wake of [...this.#waiters]) wake();
+    this.gate.wake();
   }
 
   // --- admission and readiness ---------------------------------------------------------------------
 
   async closeAdmission(request: AdmissionRequest): Promise<void> {
     this.#carried = request.carriedRestarts;
-    this.#open = false;
-    if (this.mode !== 'restart_only') this.#accepting = false;
+    this.gate.close();
     this.#wake();
   }
 
   async openAdmission(): Promise<void> {
-    this.#open = true;
-    this.#accepting = true;
+    this.gate.open();
     this.#carried = new Set();
     this.#wake();
   }
@@ -339,8 +266,8 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   /** In-flight requests that hold up prepare: none in restart_only; carried restarts never. */
   #blockingInflight(): number {
     if (this.mode === 'restart_only') return 0;
-    let count = this.#inflight;
-    for (const key of this.#carried) count -= this.#inflightByKey.get(key) ?? 0;
+    let count = this.gate.inFlight;
+    for (const key of this.#carried) count -= this.gate.countOf(key);
     return count;
   }
 
@@ -357,7 +284,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       }
     }
     if (this.mode !== 'restart_only') {
-      for (const [key, count] of this.#inflightByKey) {
+      for (const [key, count] of this.gate.keys()) {
         // A request that named no attempt on an untracked session is counted, but has no key to list.
         if (count > 0 && key !== '' && !this.#carried.has(key)) blockers.add(key);
       }
@@ -366,10 +293,10 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       blockers,
       blockerCount: this.#sessions.fencedCount + this.#blockingInflight(),
       counts: {
-        inflight: this.#inflight,
+        inflight: this.gate.inFlight,
         sessions: this.#sessions.size,
-        seeds: this.#seedCount,
-        waiting: this.#waiting,
+        seeds: this.gate.count(START),
+        waiting: this.gate.waiting,
       },
       restarts: this.mode === 'restart_only' ? this.#restarts() : [],
     });
@@ -379,10 +306,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   #restarts(): string[] {
     const keys = new Set<string>();
     for (const session of this.#sessions.all()) if (!session.fenced) keys.add(session.key);
-    for (const [rolloutId, attempts] of this.#seeds) {
-      for (const attempt of attempts.keys())
-        keys.add(captureKey({ rollout_id: rolloutId, attempt }));
-    }
+    for (const seed of this.gate.tickets(START)) keys.add(seed.key);
     return [...keys].sort();
   }
 
@@ -443,7 +367,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   }
 
   override checkRestore(): void {
-    if (this.#served || this.#sessions.size > 0 || this.#inflight > 0) {
+    if (this.gate.served || this.#sessions.size > 0 || this.gate.inFlight > 0) {
       throw new CheckpointError(
         'resources restore requires a process that has not served sessions',
       );
@@ -494,7 +418,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
    * blocking, never exported — until it is freed, so a retire cut short leaves it for a retry.
    */
   async retire(episode: EpisodeId): Promise<void> {
-    await this.#until(() => !this.#seedInFlight(episode.rollout_id, episode.attempt));
+    await this.gate.until(() => !this.gate.holds(episode, START));
     const sessions = this.#sessions.ofRollout(episode.rollout_id, episode.attempt);
     for (const session of sessions) {
       this.#sessions.fence(session);
@@ -502,7 +426,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     }
     this.#wake();
     const tracked = (s: TrackedSession): boolean => this.#sessions.get(s.id) === s;
-    await this.#until(() => sessions.every((s) => s.inflight === 0 || !tracked(s)));
+    await this.gate.until(() => sessions.every((s) => s.inflight === 0 || !tracked(s)));
     await Promise.all(
       sessions.filter(tracked).map(async (session) => {
         await this.#declarations.hooks.retireSessionState(session.id);
@@ -527,7 +451,10 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
         .map((s) => s.id);
       holding.push(...fenced);
       const highest = this.marks.highestRetired(rolloutId);
-      if (highest !== undefined && this.#seedInFlight(rolloutId, highest)) {
+      if (
+        highest !== undefined &&
+        this.gate.holds({ rollout_id: rolloutId, attempt: highest }, START)
+      ) {
         holding.push(`a seed of rollout '${rolloutId}'`);
       }
     }
