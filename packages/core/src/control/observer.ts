@@ -217,8 +217,7 @@ export interface OperationCounts {
 
 /**
  * One admitted operation being timed: its stages back to back (each runs from the end of the one
- * before, the first from the start, so they add up to the operation's time), then its outcome,
- * told to the observer once.
+ * before, the first from the start, so they add up to the operation's time), then its outcome.
  */
 export class OperationWatch {
   readonly #observer: ControlObserver;
@@ -230,7 +229,6 @@ export class OperationWatch {
   #lastAt = this.#startedAt;
   #cpuAtLast = this.#cpuAtStart;
   readonly #stages: StageTiming[] = [];
-  #ended = false;
 
   constructor(
     observer: ControlObserver,
@@ -246,7 +244,6 @@ export class OperationWatch {
 
   /** Stage `name` ended now. */
   lap(name: StageName): void {
-    if (this.#ended) return;
     const at = performance.now();
     const cpu = process.cpuUsage();
     this.#stages.push({
@@ -279,8 +276,6 @@ export class OperationWatch {
   }
 
   #end(outcome: string, counts: OperationCounts): void {
-    if (this.#ended) return;
-    this.#ended = true;
     this.#observer.onOperation?.({
       operation: this.#operation,
       checkpoint_id: this.#checkpointId,
