@@ -14,7 +14,6 @@
 import {
   CheckpointConflictError,
   CheckpointError,
-  CheckpointStateError,
   CkptGymError,
   DeadlineExceededError,
   ExportFailedError,
@@ -22,19 +21,14 @@ import {
 import { captureKey, type EpisodeId, nextAttempt } from '../identity.js';
 import { createLogger, type Logger } from '../logging.js';
 import { Mutex } from '../mutex.js';
-import type { Participant, PrepareReport } from '../participant.js';
-import {
-  type CheckpointRecord,
-  type Manifest,
-  readParticipantState,
-  writeParticipantState,
-} from '../store.js';
+import type { Participant } from '../participant.js';
+import type { CheckpointRecord } from '../store.js';
 import { type Bound, CommitWork, restartInScopeError } from './commit-work.js';
 import {
   CONTROL_CONCURRENCY,
   type ControlClock,
   forEachBounded,
-  Kept,
+  type Kept,
   systemClock,
   withinDeadline,
 } from './deadline.js';
@@ -54,6 +48,7 @@ import {
   type Phase,
   resumeAction,
 } from './phases.js';
+import { ReadinessWaits } from './readiness.js';
 import {
   type CallArgs,
   callArgs,
@@ -62,6 +57,14 @@ import {
   RecordedReplies,
   sameArgs,
 } from './replay.js';
+import { Installs, readAndInstall } from './restore-work.js';
+import type {
+  CommitReply,
+  PrepareReply,
+  RestoreReply,
+  ResumeReply,
+  StatusReply,
+} from './replies.js';
 import type {
   CheckpointRequest,
   CommitRequest,
@@ -70,59 +73,25 @@ import type {
   RestoreRequest,
   RetireRequest,
 } from './schemas.js';
+import { ParticipantStorage, type ParticipantStorageOptions } from './storage.js';
 
 export { CONTROL_CONCURRENCY } from './deadline.js';
+export { READINESS_POLL_MS } from './readiness.js';
+export type {
+  CommitReply,
+  PrepareReply,
+  RestoreReply,
+  ResumeReply,
+  StatusReply,
+} from './replies.js';
+export type { ControlStorage } from './storage.js';
 
 /** Enough to refuse a stale controller's delayed request: it retries within moments. */
 export const RESUMED_IDS_KEPT = 64;
-/** The readiness wait asks again at least this often, in case a change notification was missed. */
-export const READINESS_POLL_MS = 1000;
 /** After a lease expiry's reopen failed, it is tried again this long after. */
 export const LEASE_RETRY_SECONDS = 30;
 
-export interface StatusReply {
-  kind: string;
-  instance: string;
-  phase: Phase;
-  checkpoint_id: string | null;
-  lease_expires_at: number | null;
-  retired_rollouts: number;
-  report: PrepareReport;
-  [extra: string]: unknown;
-}
-
-export interface PrepareReply {
-  phase: Phase;
-  report: PrepareReport;
-}
-
-export interface CommitReply {
-  phase: 'committed';
-  manifest: Manifest;
-  /** Sorted unique capture keys of the exported records. */
-  episode_ids: string[];
-  [extra: string]: unknown;
-}
-
-export interface RestoreReply {
-  phase: 'restored';
-  source_checkpoint_id: string;
-  /** Sorted capture keys of the next attempt of every installed record. */
-  restored: string[];
-}
-
-export interface ResumeReply {
-  phase: 'idle';
-  idempotent: boolean;
-}
-
-/** The store functions the plane writes and reads through (injectable for tests). */
-export interface ControlStorage {
-  write: typeof writeParticipantState;
-  read: typeof readParticipantState;
-}
-
-export interface ControlPlaneOptions {
+export interface ControlPlaneOptions extends ParticipantStorageOptions {
   /** How long past a control call's deadline the participant stays closed without hearing from the controller. */
   leaseGraceSeconds: number;
   clock?: ControlClock;
@@ -131,12 +100,6 @@ export interface ControlPlaneOptions {
   logger?: Logger;
   /** Told of every operation, refusal and lease expiry, after the plane's log lines (`logObserver`). */
   observers?: readonly ControlObserver[];
-  storage?: ControlStorage;
-  /** `checkpoint.signing_key`: commits sign their manifests, restores refuse unsigned ones. */
-  signingKey?: Uint8Array;
-  /** `checkpoint.file_mode` / `dir_mode`: the modes a commit writes with (the store's defaults). */
-  fileMode?: number;
-  dirMode?: number;
 }
 
 /** The operations whose replies a retry with the same arguments gets again. */
@@ -171,14 +134,12 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   readonly #leaseGraceSeconds: number;
   readonly #leaseRetrySeconds: number;
   readonly #observer: ControlObserver;
-  readonly #storage: ControlStorage;
-  readonly #signingKey: Uint8Array | undefined;
-  readonly #modes: { fileMode?: number; dirMode?: number };
+  readonly #storage: ParticipantStorage<R>;
   readonly #lock = new Mutex();
   readonly #resumed = new RecentIds(RESUMED_IDS_KEPT);
   readonly #replies = new RecordedReplies<ReplayedReplies>();
-  /** Wakes prepares waiting for readiness when the checkpoint changes under them. */
-  readonly #waiters = new Set<() => void>();
+  readonly #readiness: ReadinessWaits;
+  readonly #installs = new Installs();
 
   #phase: Phase = 'idle';
   #checkpointId: string | null = null;
@@ -188,9 +149,6 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   #work: CommitWork<R> | null = null;
   /** Why the open checkpoint can never commit: its readiness regressed before the export. */
   #finalFailure: string | null = null;
-  /** The latest restore's install while it runs. */
-  #install: Kept<void> | null = null;
-  #restoreGeneration = 0;
   /** Admission was left closed with no checkpoint open (a failed restore or prepare rollback). */
   #reopenPending = false;
   #disposed = false;
@@ -207,9 +165,8 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       options.logger ?? createLogger({ server: participant.instance, kind: participant.kind })
     ).child({ component: 'control-plane' });
     this.#observer = fanOut([logObserver(logger), ...(options.observers ?? [])], logger);
-    this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
-    this.#signingKey = options.signingKey;
-    this.#modes = { fileMode: options.fileMode, dirMode: options.dirMode };
+    this.#storage = new ParticipantStorage(participant, options);
+    this.#readiness = new ReadinessWaits(this.#clock);
   }
 
   // --- status and renew -----------------------------------------------------------------------
@@ -268,7 +225,9 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     const watch = started;
 
     try {
-      await this.#waitReady(id, req.deadline_ts, signal);
+      const changed = (): boolean =>
+        this.#disposed || this.#phase !== 'preparing' || this.#checkpointId !== id;
+      await this.#readiness.wait(this.participant, changed, req.deadline_ts, signal);
       watch.lap('readiness_wait');
     } catch (err) {
       await this.#lock.run(async () => {
@@ -322,34 +281,10 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       return { phase: 'preparing', report };
     }
     this.#phase = 'prepared';
-    this.#notifyWaiters();
+    this.#readiness.wakeAll();
     const reply: PrepareReply = { phase: 'prepared', report };
     this.#replies.record('prepare', id, PREPARE_ARGS, reply);
     return reply;
-  }
-
-  async #waitReady(id: string, deadlineTs: number, signal: AbortSignal | undefined): Promise<void> {
-    for (;;) {
-      if (signal?.aborted)
-        throw signal.reason instanceof Error ? signal.reason : new Error('request aborted');
-      if (this.#disposed || this.#phase !== 'preparing' || this.#checkpointId !== id) return;
-      if (this.participant.ready()) return;
-      const remainingMs = (deadlineTs - this.#clock.now()) * 1000;
-      if (remainingMs <= 0) return;
-      await new Promise<void>((resolve) => {
-        const wake = (): void => {
-          unsubscribe();
-          cancelTimer();
-          this.#waiters.delete(wake);
-          signal?.removeEventListener('abort', wake);
-          resolve();
-        };
-        const unsubscribe = this.participant.onChange(wake);
-        const cancelTimer = this.#clock.setTimeout(wake, Math.min(READINESS_POLL_MS, remainingMs));
-        this.#waiters.add(wake);
-        signal?.addEventListener('abort', wake, { once: true });
-      });
-    }
   }
 
   /** Ends a prepare that could not finish, without fencing its id (the controller may retry it). */
@@ -383,7 +318,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
           'commit reply',
         );
         this.#phase = 'committed';
-        this.#notifyWaiters();
+        this.#readiness.wakeAll();
         this.#replies.record('commit', id, args, reply);
         return { reply, counts: { episodes: records.length, bytes: manifest.records_bytes } };
       });
@@ -421,18 +356,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       args,
       participant: this.participant,
       observer: this.#observer,
-      write: (records, stop) =>
-        this.#storage.write({
-          checkpointDir: req.checkpoint_dir,
-          kind: this.participant.kind,
-          instance: this.participant.instance,
-          checkpointId: id,
-          records,
-          manifestExtra: this.participant.manifestExtra(),
-          signingKey: this.#signingKey,
-          ...this.#modes,
-          stop,
-        }),
+      write: (records, stop) => this.#storage.write(req.checkpoint_dir, id, records, stop),
     });
     return this.#work;
   }
@@ -446,8 +370,14 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
 
       const watch = this.#watch('restore', id);
       return watch.run(async () => {
-        const bound = this.#bound(req.deadline_ts, signal);
-        const { source, records } = await this.#readAndInstall(req, args, bound, watch);
+        const { source, records } = await readAndInstall(req, args.scope ?? new Set(), {
+          participant: this.participant,
+          storage: this.#storage,
+          installs: this.#installs,
+          bound: this.#bound(req.deadline_ts, signal),
+          watch,
+          rollBack: (generation, install) => this.#rollBackRestore(generation, install),
+        });
         this.#enter('restored', id);
         this.#renewLease(req.deadline_ts);
         const reply: RestoreReply = {
@@ -463,70 +393,6 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   }
 
   /**
-   * Reads the records in scope, marks the attempts they replace, waits for an earlier install,
-   * closes admission and installs. A failure after closing admission rolls the restore back.
-   */
-  async #readAndInstall(
-    req: RestoreRequest,
-    args: CallArgs,
-    bound: Bound,
-    watch: OperationWatch,
-  ): Promise<{ source: Manifest; records: R[] }> {
-    const scopeKeys = args.scope ?? new Set<string>();
-    let generation: number | null = null;
-    let install: Kept<void> | null = null;
-    try {
-      const { manifest, records } = await bound(
-        this.#storage.read<R>({
-          checkpointDir: req.checkpoint_dir,
-          kind: this.participant.kind,
-          instance: this.participant.instance,
-          select: (key) => scopeKeys.has(key),
-          validate: (record, key) => this.participant.validateRecord(record, key),
-          signingKey: this.#signingKey,
-        }),
-      );
-      watch.lap('read');
-      // Once the checkpoint is accepted, before the install the deadline limits: a harness that
-      // outlived the crash may still call with the attempts this restore replaces. A refused
-      // checkpoint raises no marks.
-      this.participant.marks.mark(req.episode_ids);
-      const earlierInstall = this.#install;
-      if (earlierInstall) {
-        await bound(earlierInstall.settled());
-        watch.lap('install_wait');
-      }
-      // Taking over: an earlier failed restore no longer reopens when its install ends.
-      generation = ++this.#restoreGeneration;
-      await this.participant.closeAdmission({
-        checkpointId: req.checkpoint_id,
-        deadlineTs: req.deadline_ts,
-        carriedRestarts: new Set(),
-      });
-      watch.lap('close_admission');
-      install = this.#startInstall(records, req.episode_ids);
-      await bound(install.promise);
-      watch.lap('install');
-      return { source: manifest, records };
-    } catch (err) {
-      // A restore cut short (not refused) still refuses the attempts it replaces.
-      if (!(err instanceof CheckpointStateError)) this.participant.marks.mark(req.episode_ids);
-      if (generation !== null) await this.#rollBackRestore(generation, install);
-      throw err;
-    }
-  }
-
-  /** The install is kept past the restore's deadline: a later restore or retire awaits it. */
-  #startInstall(records: R[], scope: readonly EpisodeId[]): Kept<void> {
-    const install = new Kept(() => this.participant.install(records, scope));
-    this.#install = install;
-    void install.settled().then(() => {
-      if (this.#install === install) this.#install = null;
-    });
-    return install;
-  }
-
-  /**
    * Reopens admission after a failed restore: now, or — when its install still runs — once that
    * install ended, unless a later restore or a checkpoint took over by then.
    */
@@ -538,11 +404,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     }
     void install.settled().then(() =>
       this.#lock.run(async () => {
-        if (
-          this.#phase === 'idle' &&
-          this.#restoreGeneration === generation &&
-          this.#reopenPending
-        ) {
+        if (this.#phase === 'idle' && this.#installs.isLatest(generation) && this.#reopenPending) {
           await this.#finishPendingReopen();
         }
       }),
@@ -590,7 +452,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     signal: AbortSignal | undefined,
     watch: OperationWatch,
   ): Promise<void> {
-    const install = this.#install;
+    const install = this.#installs.running;
     const stopStarting = new AbortController();
     try {
       await this.#bound(
@@ -640,11 +502,11 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         return { phase: 'idle', idempotent: true };
       }
       if (action === 'finish-reopen') {
-        const install = this.#install;
+        const install = this.#installs.running;
         if (install) await this.#bound(req.deadline_ts, signal)(install.settled());
         await this.#reopenAdmission();
         this.#resumed.add(id);
-        this.#notifyWaiters();
+        this.#readiness.wakeAll();
         return { phase: 'idle', idempotent: false };
       }
       await this.#end(req.deadline_ts, signal);
@@ -720,7 +582,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#disposed = true;
     this.#lease?.end();
     this.#work?.cancelExport('the control plane was disposed');
-    this.#notifyWaiters();
+    this.#readiness.wakeAll();
   }
 
   // --- shared steps -----------------------------------------------------------------------------
@@ -772,7 +634,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#checkpointId = checkpointId;
     // Admission is closed by this checkpoint now; its resume or expiry reopens it.
     this.#reopenPending = false;
-    this.#notifyWaiters();
+    this.#readiness.wakeAll();
   }
 
   /** Back to idle: drops the checkpoint's lease, results, work and carried restarts. */
@@ -785,11 +647,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#work = null;
     this.#finalFailure = null;
     this.#carriedRestarts = new Set();
-    this.#notifyWaiters();
-  }
-
-  #notifyWaiters(): void {
-    for (const wake of [...this.#waiters]) wake();
+    this.#readiness.wakeAll();
   }
 
   /** Runs a transition under the lock; anything untyped a hook throws becomes `checkpoint_error`. */
