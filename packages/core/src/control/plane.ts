@@ -76,15 +76,6 @@ import type {
 import { ParticipantStorage, type ParticipantStorageOptions } from './storage.js';
 
 export { CONTROL_CONCURRENCY } from './deadline.js';
-export { READINESS_POLL_MS } from './readiness.js';
-export type {
-  CommitReply,
-  PrepareReply,
-  RestoreReply,
-  ResumeReply,
-  StatusReply,
-} from './replies.js';
-export type { ControlStorage } from './storage.js';
 
 /** Enough to refuse a stale controller's delayed request: it retries within moments. */
 export const RESUMED_IDS_KEPT = 64;
@@ -454,25 +445,18 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   ): Promise<void> {
     const install = this.#installs.running;
     const stopStarting = new AbortController();
+    const retireEach = async (): Promise<void> => {
+      if (install) {
+        await install.settled();
+        watch.lap('install_wait');
+      }
+      const episodes = latestPerRollout(req.episode_ids);
+      const retire = (e: EpisodeId): Promise<void> => this.participant.retire(e);
+      await forEachBounded(episodes, CONTROL_CONCURRENCY, retire, stopStarting.signal);
+      watch.lap('retire_drain');
+    };
     try {
-      await this.#bound(
-        req.deadline_ts,
-        signal,
-      )(
-        (async () => {
-          if (install) {
-            await install.settled();
-            watch.lap('install_wait');
-          }
-          await forEachBounded(
-            latestPerRollout(req.episode_ids),
-            CONTROL_CONCURRENCY,
-            (e) => this.participant.retire(e),
-            stopStarting.signal,
-          );
-          watch.lap('retire_drain');
-        })(),
-      );
+      await this.#bound(req.deadline_ts, signal)(retireEach());
     } finally {
       stopStarting.abort();
     }

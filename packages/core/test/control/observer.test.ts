@@ -1,6 +1,9 @@
 import type { ControlObserver, OperationEvent, RefusalEvent } from '../../src/control/observer.js';
 import { CheckpointStateError } from '../../src/errors.js';
+import { createGymApp } from '../../src/server.js';
+import { parseStackFile } from '../../src/settings.js';
 import { readParticipantState } from '../../src/store.js';
+import { MemoryLogger, type TestRecord, TestParticipant } from '../support/test-participant.js';
 import {
   commitRequest,
   ep,
@@ -201,5 +204,39 @@ describe('control observer', () => {
       }),
     );
     expect(h.logger.lines.map((l) => l.message)).toContain('checkpoint committed');
+  });
+
+  test("createGymApp hands the plane's observers on, beside its log lines", async () => {
+    const recording = new Recording();
+    const logger = new MemoryLogger();
+    const stack = parseStackFile(
+      [
+        'checkpoint: { enabled: true, control_auth_token: t }',
+        'servers:',
+        '  counter: { kind: resources, app: counter, port: 0 }',
+        '',
+      ].join('\n'),
+    );
+    const gym = createGymApp<TestRecord>({
+      name: 'counter',
+      kind: 'resources',
+      checkpoint: stack.checkpoint,
+      participant: new TestParticipant('counter', 'resources'),
+      logger,
+      plane: { observers: [recording] },
+    });
+    try {
+      await gym.plane?.prepare({ checkpoint_id: 'c1', deadline_ts: Date.now() / 1000 + 30 });
+      await gym.plane?.resume({ checkpoint_id: 'c1', deadline_ts: Date.now() / 1000 + 30 });
+      await expect(
+        gym.plane?.prepare({ checkpoint_id: 'c1', deadline_ts: Date.now() / 1000 + 30 }),
+      ).rejects.toMatchObject({ code: 'stale_checkpoint' });
+    } finally {
+      gym.plane?.dispose();
+    }
+    expect(recording.names('prepare')).toEqual([['close_admission', 'readiness_wait']]);
+    expect(recording.refusals).toEqual([
+      expect.objectContaining({ operation: 'prepare', code: 'stale_checkpoint' }),
+    ]);
   });
 });
