@@ -5,7 +5,12 @@
  * checkpoint for good. A failed write or cleanup is started again by the next commit, with the
  * same records.
  */
-import { CheckpointError, ExportFailedError, RestartInScopeError } from '../errors.js';
+import {
+  CheckpointError,
+  DeadlineExceededError,
+  ExportFailedError,
+  RestartInScopeError,
+} from '../errors.js';
 import { captureKey, type EpisodeId } from '../identity.js';
 import type { Participant } from '../participant.js';
 import { type CheckpointRecord, type Manifest, WriteStop } from '../store.js';
@@ -121,13 +126,24 @@ export class CommitWork<R extends CheckpointRecord> {
     return { records, manifest };
   }
 
-  /** The deletion of unscoped restored state while it runs (a replacement may start as one). */
-  get runningCleanup(): Kept<void> | null {
-    return this.#cleanup?.running ? this.#cleanup : null;
-  }
-
-  /** The checkpoint ended: cancels a running export and stops the writer (no manifest after this). */
-  async stop(reason: string): Promise<void> {
+  /**
+   * The checkpoint ends (resume or lease expiry): waits within `bound` for a cleanup still deleting
+   * restored state (a replacement may start as that attempt), then cancels a running export and
+   * stops the writer, so no manifest appears after this returns.
+   */
+  async end(bound: Bound, reason: string): Promise<void> {
+    if (this.#cleanup?.running) {
+      try {
+        await bound(this.#cleanup.settled());
+      } catch (err) {
+        if (err instanceof DeadlineExceededError) {
+          throw new DeadlineExceededError('restored state is still being deleted; resume again', {
+            cause: err,
+          });
+        }
+        throw err;
+      }
+    }
     this.cancelExport(reason);
     await this.#writeStop.stop();
   }

@@ -499,29 +499,11 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   }
 
   /**
-   * Ends the open checkpoint (resume or lease expiry): waits within the deadline for a cleanup
-   * still deleting restored state (a replacement may start as that attempt), cancels a running
-   * export, stops the writer so no manifest appears after this returns, reopens admission, fences
-   * the id. Any failure keeps the phase, so the resume can be retried.
+   * Ends the open checkpoint (resume or lease expiry): ends its commit work (see CommitWork.end),
+   * reopens admission, fences the id. Any failure keeps the phase, so the resume can be retried.
    */
   async #end(deadlineTs: number, signal?: AbortSignal): Promise<void> {
-    const work = this.#work;
-    if (work) {
-      const cleanup = work.runningCleanup;
-      if (cleanup) {
-        try {
-          await this.#bound(deadlineTs, signal)(cleanup.settled());
-        } catch (err) {
-          if (err instanceof DeadlineExceededError) {
-            throw new DeadlineExceededError('restored state is still being deleted; resume again', {
-              cause: err,
-            });
-          }
-          throw err;
-        }
-      }
-      await work.stop('the checkpoint was resumed');
-    }
+    await this.#work?.end(this.#bound(deadlineTs, signal), 'the checkpoint was resumed');
     await this.#reopenAdmission();
     this.#resumed.add(this.#checkpointId as string);
     this.#leave();
