@@ -74,7 +74,10 @@ export interface RefusalEvent {
   readonly cause?: unknown;
 }
 
-/** Every hook is optional; a hook that throws is reported to the log and otherwise ignored. */
+/**
+ * Every hook is optional. Hooks are called synchronously, most under the plane's lock: keep them
+ * quick (record, do not await). A hook that throws is reported to the log and otherwise ignored.
+ */
 export interface ControlObserver {
   onOperation?(event: OperationEvent): void;
   onRefused?(event: RefusalEvent): void;
