@@ -133,6 +133,9 @@ export class Kept<T> {
   }
 }
 
+/** Retires and restored-state deletions run this many at a time. */
+export const CONTROL_CONCURRENCY = 64;
+
 /**
  * Runs `fn` over `items` with at most `limit` at a time. Stops starting new items once `signal`
  * aborts (a passed deadline); items already started run to their end. Rejects with the first

@@ -1,7 +1,10 @@
 /**
- * The control plane: one per server process, wrapping that server's participant. It owns the
- * phase machine, checkpoint-id fencing, the readiness wait, deadline-bounded work, the lease, the
- * resumed-id memory, result replay and manifest-last storage. The participant owns its live work.
+ * The control plane: one per server process, wrapping that server's participant. It is the lock
+ * and the dispatch of the checkpoint protocol: each control call runs under one mutex, is admitted
+ * by the phase rules (`phases.ts`), does its work and moves the phase. Its mechanics live beside
+ * it: the lease (`lease.ts`), the replies replayed to retries and the resumed-id memory
+ * (`replay.ts`), a checkpoint's commit work (`commit-work.ts`) and what the plane reports
+ * (`observer.ts`, which also writes its log lines). The participant owns its live work.
  *
  * Work that must not be cut short by a deadline — the export, the records write, the deletion of
  * unscoped restored state and the install — is kept as a promise: a retry or a resume awaits the
@@ -11,39 +14,57 @@
 import {
   CheckpointConflictError,
   CheckpointError,
-  CheckpointStateError,
   CkptGymError,
   DeadlineExceededError,
   ExportFailedError,
-  RestartInScopeError,
 } from '../errors.js';
 import { captureKey, type EpisodeId, nextAttempt } from '../identity.js';
 import { createLogger, type Logger } from '../logging.js';
 import { Mutex } from '../mutex.js';
-import type { Participant, PrepareReport } from '../participant.js';
+import type { Participant } from '../participant.js';
+import type { CheckpointRecord } from '../store.js';
+import { type Bound, CommitWork, restartInScopeError } from './commit-work.js';
 import {
-  type CheckpointRecord,
-  type Manifest,
-  readParticipantState,
-  WriteStop,
-  writeParticipantState,
-} from '../store.js';
-import {
-  atTime,
+  CONTROL_CONCURRENCY,
   type ControlClock,
   forEachBounded,
-  Kept,
+  type Kept,
   systemClock,
   withinDeadline,
 } from './deadline.js';
+import { Lease } from './lease.js';
+import {
+  type ControlObserver,
+  describe,
+  fanOut,
+  logObserver,
+  type ObservedOperation,
+  OperationWatch,
+} from './observer.js';
 import {
   admissionError,
-  extendedLease,
   type FencedOperation,
   outsideCheckpointError,
   type Phase,
   resumeAction,
 } from './phases.js';
+import { ReadinessWaits } from './readiness.js';
+import {
+  type CallArgs,
+  callArgs,
+  PREPARE_ARGS,
+  RecentIds,
+  RecordedReplies,
+  sameArgs,
+} from './replay.js';
+import { Installs, readAndInstall } from './restore-work.js';
+import type {
+  CommitReply,
+  PrepareReply,
+  RestoreReply,
+  ResumeReply,
+  StatusReply,
+} from './replies.js';
 import type {
   CheckpointRequest,
   CommitRequest,
@@ -52,128 +73,32 @@ import type {
   RestoreRequest,
   RetireRequest,
 } from './schemas.js';
+import { ParticipantStorage, type ParticipantStorageOptions } from './storage.js';
+
+export { CONTROL_CONCURRENCY } from './deadline.js';
 
 /** Enough to refuse a stale controller's delayed request: it retries within moments. */
 export const RESUMED_IDS_KEPT = 64;
-/** The readiness wait asks again at least this often, in case a change notification was missed. */
-export const READINESS_POLL_MS = 1000;
 /** After a lease expiry's reopen failed, it is tried again this long after. */
 export const LEASE_RETRY_SECONDS = 30;
-/** Retires and restored-state deletions run this many at a time. */
-export const CONTROL_CONCURRENCY = 64;
 
-export interface StatusReply {
-  kind: string;
-  instance: string;
-  phase: Phase;
-  checkpoint_id: string | null;
-  lease_expires_at: number | null;
-  retired_rollouts: number;
-  report: PrepareReport;
-  [extra: string]: unknown;
-}
-
-export interface PrepareReply {
-  phase: Phase;
-  report: PrepareReport;
-}
-
-export interface CommitReply {
-  phase: 'committed';
-  manifest: Manifest;
-  /** Sorted unique capture keys of the exported records. */
-  episode_ids: string[];
-  [extra: string]: unknown;
-}
-
-export interface RestoreReply {
-  phase: 'restored';
-  source_checkpoint_id: string;
-  /** Sorted capture keys of the next attempt of every installed record. */
-  restored: string[];
-}
-
-export interface ResumeReply {
-  phase: 'idle';
-  idempotent: boolean;
-}
-
-/** The store functions the plane writes and reads through (injectable for tests). */
-export interface ControlStorage {
-  write: typeof writeParticipantState;
-  read: typeof readParticipantState;
-}
-
-export interface ControlPlaneOptions {
+export interface ControlPlaneOptions extends ParticipantStorageOptions {
   /** How long past a control call's deadline the participant stays closed without hearing from the controller. */
   leaseGraceSeconds: number;
   clock?: ControlClock;
   /** Default LEASE_RETRY_SECONDS. */
   leaseRetrySeconds?: number;
   logger?: Logger;
-  storage?: ControlStorage;
-  /** `checkpoint.signing_key`: commits sign their manifests, restores refuse unsigned ones. */
-  signingKey?: Uint8Array;
-  /** `checkpoint.file_mode` / `dir_mode`: the modes a commit writes with (the store's defaults). */
-  fileMode?: number;
-  dirMode?: number;
+  /** Told of every operation, refusal and lease expiry, after the plane's log lines (`logObserver`). */
+  observers?: readonly ControlObserver[];
 }
 
-/** The insertion-ordered memory of resumed checkpoint ids; the oldest is evicted when full. */
-class RecentIds {
-  readonly #ids = new Set<string>();
-  constructor(private readonly capacity: number) {}
-
-  add(id: string): void {
-    if (this.#ids.has(id)) return;
-    this.#ids.add(id);
-    if (this.#ids.size > this.capacity) this.#ids.delete(this.#ids.values().next().value as string);
-  }
-
-  has(id: string): boolean {
-    return this.#ids.has(id);
-  }
-}
-
-interface Recorded {
-  readonly checkpointId: string;
-  /** The arguments it ran with, compared on replay. */
-  readonly args: CallArgs;
-  readonly reply: object;
-}
-
-/** One checkpoint's commit work: created by its first admitted commit, dropped by resume. */
-interface CommitWork<R extends CheckpointRecord> {
-  readonly checkpointDir: string;
-  readonly args: CallArgs;
-  readonly exportAbort: AbortController;
-  readonly exported: Kept<R[]>;
-  readonly writeStop: WriteStop;
-  write: Kept<Manifest> | null;
-  cleanup: Kept<void> | null;
-  parked: Kept<void> | null;
-}
-
-/** Directory and scope (as capture keys) of a call, compared on replay. */
-interface CallArgs {
-  readonly dir: string;
-  readonly scope: ReadonlySet<string> | null;
-}
-
-const PREPARE_ARGS: CallArgs = { dir: '', scope: null };
-
-function callArgs(checkpointDir: string, scope: readonly EpisodeId[] | null): CallArgs {
-  return { dir: checkpointDir, scope: scope === null ? null : new Set(scope.map(captureKey)) };
-}
-
-/** Same directory and the same scope in any order (a set: no sort of thousands of keys). */
-function sameArgs(a: CallArgs, b: CallArgs): boolean {
-  if (a.dir !== b.dir) return false;
-  if (a.scope === null || b.scope === null) return a.scope === b.scope;
-  if (a.scope.size !== b.scope.size) return false;
-  for (const key of a.scope) if (!b.scope.has(key)) return false;
-  return true;
-}
+/** The operations whose replies a retry with the same arguments gets again. */
+type ReplayedReplies = {
+  prepare: PrepareReply;
+  commit: CommitReply;
+  restore: RestoreReply;
+};
 
 /** One episode per rollout, at its latest attempt: retiring it stops the earlier ones too. */
 function latestPerRollout(episodes: readonly EpisodeId[]): EpisodeId[] {
@@ -183,22 +108,6 @@ function latestPerRollout(episodes: readonly EpisodeId[]): EpisodeId[] {
     if (current === undefined || e.attempt > current.attempt) latest.set(e.rollout_id, e);
   }
   return [...latest.values()];
-}
-
-function elapsedMs(from: number, to: number): number {
-  return Math.round(to - from);
-}
-
-/**
- * CPU the whole process used between two readings (every thread: the collector's helpers too, and
- * whatever else the process did meanwhile), in ms.
- */
-function cpuMs(from: NodeJS.CpuUsage, to: NodeJS.CpuUsage): number {
-  return Math.round((to.user - from.user + to.system - from.system) / 1000);
-}
-
-function describe(err: unknown): string {
-  return err instanceof Error ? err.message : String(err);
 }
 
 /** Merges a participant's extra reply keys after the base keys; an extra may not replace one. */
@@ -215,27 +124,22 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   readonly #clock: ControlClock;
   readonly #leaseGraceSeconds: number;
   readonly #leaseRetrySeconds: number;
-  readonly #logger: Logger;
-  readonly #storage: ControlStorage;
-  readonly #signingKey: Uint8Array | undefined;
-  readonly #modes: { fileMode?: number; dirMode?: number };
+  readonly #observer: ControlObserver;
+  readonly #storage: ParticipantStorage<R>;
   readonly #lock = new Mutex();
   readonly #resumed = new RecentIds(RESUMED_IDS_KEPT);
-  /** Wakes prepares waiting for readiness when the checkpoint changes under them. */
-  readonly #waiters = new Set<() => void>();
+  readonly #replies = new RecordedReplies<ReplayedReplies>();
+  readonly #readiness: ReadinessWaits;
+  readonly #installs = new Installs();
 
   #phase: Phase = 'idle';
   #checkpointId: string | null = null;
-  #leaseExpiresAt: number | null = null;
-  #cancelLeaseTimer: (() => void) | null = null;
+  /** The open checkpoint's lease, from its first renewal until it ends. */
+  #lease: Lease | null = null;
   #carriedRestarts = new Set<string>();
-  readonly #recorded = new Map<'prepare' | 'commit' | 'restore', Recorded>();
   #work: CommitWork<R> | null = null;
-  /** Why the open checkpoint can never commit (a failed export, a regressed readiness). */
+  /** Why the open checkpoint can never commit: its readiness regressed before the export. */
   #finalFailure: string | null = null;
-  /** The latest restore's install while it runs. */
-  #install: Kept<void> | null = null;
-  #restoreGeneration = 0;
   /** Admission was left closed with no checkpoint open (a failed restore or prepare rollback). */
   #reopenPending = false;
   #disposed = false;
@@ -248,14 +152,12 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#clock = options.clock ?? systemClock;
     this.#leaseGraceSeconds = options.leaseGraceSeconds;
     this.#leaseRetrySeconds = options.leaseRetrySeconds ?? LEASE_RETRY_SECONDS;
-    this.#logger = (
+    const logger = (
       options.logger ?? createLogger({ server: participant.instance, kind: participant.kind })
-    ).child({
-      component: 'control-plane',
-    });
-    this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
-    this.#signingKey = options.signingKey;
-    this.#modes = { fileMode: options.fileMode, dirMode: options.dirMode };
+    ).child({ component: 'control-plane' });
+    this.#observer = fanOut([logObserver(logger), ...(options.observers ?? [])], logger);
+    this.#storage = new ParticipantStorage(participant, options);
+    this.#readiness = new ReadinessWaits(this.#clock);
   }
 
   // --- status and renew -----------------------------------------------------------------------
@@ -268,7 +170,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
           instance: this.participant.instance,
           phase: this.#phase,
           checkpoint_id: this.#checkpointId,
-          lease_expires_at: this.#leaseExpiresAt,
+          lease_expires_at: this.#lease?.expiresAt ?? null,
           retired_rollouts: this.participant.marks.size,
           report: this.participant.readiness(),
         } as StatusReply,
@@ -279,7 +181,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   }
 
   renew(req: CheckpointRequest): Promise<{ lease_expires_at: number }> {
-    return this.#transition('renew', async () => {
+    return this.#transition('renew', req.checkpoint_id, async () => {
       this.#admit('renew', req.checkpoint_id);
       return { lease_expires_at: this.#renewLease(req.deadline_ts) };
     });
@@ -294,101 +196,91 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
    */
   async prepare(req: PrepareRequest, signal?: AbortSignal): Promise<PrepareReply> {
     const id = req.checkpoint_id;
-    const replayed = await this.#transition('prepare', async () => {
-      const earlier = this.#replay('prepare', id, PREPARE_ARGS);
-      if (earlier) return earlier as PrepareReply;
+    const started = await this.#transition('prepare', id, async () => {
+      const earlier = this.#replies.replay('prepare', id, PREPARE_ARGS);
+      if (earlier) return earlier;
       this.#admit('prepare', id);
       // A deadline already passed leaves no time to get ready: refused before admission closes.
       if (this.#clock.now() >= req.deadline_ts) throw new DeadlineExceededError('deadline passed');
+      const watch = this.#watch('prepare', id);
       if (this.#phase === 'idle') {
-        this.#carriedRestarts = new Set(req.restarts ?? []);
-        this.#enter('preparing', id);
-        this.#renewLease(req.deadline_ts);
-        try {
-          await this.participant.closeAdmission({
-            checkpointId: id,
-            deadlineTs: req.deadline_ts,
-            carriedRestarts: this.#carriedRestarts,
-          });
-        } catch (err) {
-          await this.#abandonPrepare('closing admission failed');
-          throw err;
-        }
+        await this.#openCheckpoint(req, watch);
       } else {
         // A repeated prepare may carry more restarts; the participant holds the live set.
         for (const key of req.restarts ?? []) this.#carriedRestarts.add(key);
         this.#renewLease(req.deadline_ts);
       }
-      return undefined;
+      return watch;
     });
-    if (replayed) return replayed;
+    if (!(started instanceof OperationWatch)) return started;
+    const watch = started;
 
     try {
-      await this.#waitReady(id, req.deadline_ts, signal);
+      const changed = (): boolean =>
+        this.#disposed || this.#phase !== 'preparing' || this.#checkpointId !== id;
+      await this.#readiness.wait(this.participant, changed, req.deadline_ts, signal);
+      watch.lap('readiness_wait');
     } catch (err) {
       await this.#lock.run(async () => {
         if (this.#phase === 'preparing' && this.#checkpointId === id) {
           await this.#abandonPrepare(`the readiness wait ended: ${describe(err)}`);
         }
       });
-      throw this.#typed('prepare', err);
+      watch.failed(err);
+      throw this.#typed('prepare', id, err);
     }
 
-    return this.#transition('prepare', async () => {
-      const earlier = this.#replay('prepare', id, PREPARE_ARGS);
-      if (earlier) return earlier as PrepareReply;
-      // The single listing of blockers, for the reply.
-      const report = this.participant.readiness();
-      if (this.#phase !== 'preparing' || this.#checkpointId !== id)
-        return { phase: this.#phase, report };
-      if (!report.ready) {
-        if (this.#clock.now() >= req.deadline_ts) {
-          this.#logger.warn('prepare deadline passed before the participant was ready', {
-            checkpoint_id: id,
-            blocker_count: report.blocker_count,
-            blockers: report.blockers,
-          });
-        }
-        return { phase: 'preparing', report };
-      }
-      this.#phase = 'prepared';
-      this.#notifyWaiters();
-      const reply: PrepareReply = { phase: 'prepared', report };
-      this.#recorded.set('prepare', { checkpointId: id, args: PREPARE_ARGS, reply });
-      return reply;
-    });
+    return this.#transition('prepare', id, () =>
+      watch.run(async () => ({
+        reply:
+          this.#replies.replay('prepare', id, PREPARE_ARGS) ??
+          this.#settlePrepare(id, req.deadline_ts),
+        counts: { episodes: 0 },
+      })),
+    );
   }
 
-  async #waitReady(id: string, deadlineTs: number, signal: AbortSignal | undefined): Promise<void> {
-    for (;;) {
-      if (signal?.aborted)
-        throw signal.reason instanceof Error ? signal.reason : new Error('request aborted');
-      if (this.#disposed || this.#phase !== 'preparing' || this.#checkpointId !== id) return;
-      if (this.participant.ready()) return;
-      const remainingMs = (deadlineTs - this.#clock.now()) * 1000;
-      if (remainingMs <= 0) return;
-      await new Promise<void>((resolve) => {
-        const wake = (): void => {
-          unsubscribe();
-          cancelTimer();
-          this.#waiters.delete(wake);
-          signal?.removeEventListener('abort', wake);
-          resolve();
-        };
-        const unsubscribe = this.participant.onChange(wake);
-        const cancelTimer = this.#clock.setTimeout(wake, Math.min(READINESS_POLL_MS, remainingMs));
-        this.#waiters.add(wake);
-        signal?.addEventListener('abort', wake, { once: true });
+  /** The first prepare of a checkpoint: enters `preparing`, takes the lease, closes admission. */
+  async #openCheckpoint(req: PrepareRequest, watch: OperationWatch): Promise<void> {
+    const id = req.checkpoint_id;
+    this.#carriedRestarts = new Set(req.restarts ?? []);
+    this.#enter('preparing', id);
+    this.#renewLease(req.deadline_ts);
+    try {
+      await this.participant.closeAdmission({
+        checkpointId: id,
+        deadlineTs: req.deadline_ts,
+        carriedRestarts: this.#carriedRestarts,
       });
+      watch.lap('close_admission');
+    } catch (err) {
+      await this.#abandonPrepare('closing admission failed');
+      watch.failed(err);
+      throw err;
     }
+  }
+
+  /** After the wait: `prepared` when ready (recorded for replay), else the blockers. */
+  #settlePrepare(id: string, deadlineTs: number): PrepareReply {
+    // The single listing of blockers, for the reply.
+    const report = this.participant.readiness();
+    if (this.#phase !== 'preparing' || this.#checkpointId !== id)
+      return { phase: this.#phase, report };
+    if (!report.ready) {
+      if (this.#clock.now() >= deadlineTs)
+        this.#observer.onNotReady?.({ checkpoint_id: id, report });
+      return { phase: 'preparing', report };
+    }
+    this.#phase = 'prepared';
+    this.#readiness.wakeAll();
+    const reply: PrepareReply = { phase: 'prepared', report };
+    this.#replies.record('prepare', id, PREPARE_ARGS, reply);
+    return reply;
   }
 
   /** Ends a prepare that could not finish, without fencing its id (the controller may retry it). */
   async #abandonPrepare(reason: string): Promise<void> {
-    this.#logger.warn('prepare abandoned; reopening admission', {
-      checkpoint_id: this.#checkpointId,
-      reason,
-    });
+    this.#observer.onPrepareAbandoned?.({ checkpoint_id: this.#checkpointId, reason });
     this.#leave();
     await this.#finishPendingReopen();
   }
@@ -396,114 +288,47 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   // --- commit -----------------------------------------------------------------------------------
 
   commit(req: CommitRequest, signal?: AbortSignal): Promise<CommitReply> {
-    return this.#transition('commit', async () => {
-      const id = req.checkpoint_id;
-      const args = callArgs(req.checkpoint_dir, req.episode_ids);
-      const earlier = this.#replay('commit', id, args);
-      if (earlier) return earlier as CommitReply;
-      this.#admit('commit', id);
+    const id = req.checkpoint_id;
+    return this.#replayOrAdmit('commit', req, async (args) => {
       this.#renewLease(req.deadline_ts);
-      if (this.#finalFailure !== null) throw new ExportFailedError(this.#finalFailure);
+      const failure = this.#finalFailure ?? this.#work?.failure ?? null;
+      if (failure !== null) throw new ExportFailedError(failure);
 
-      // Before the export starts: a participant's export may do all its work synchronously.
-      const startedAt = performance.now();
-      const cpuAtStart = process.cpuUsage();
-      let work = this.#work;
-      if (work === null) {
-        work = this.#startCommit(req, args);
-      } else if (!sameArgs(work.args, args)) {
-        throw new CheckpointConflictError(
-          `checkpoint ${id} is already being written to another directory or scope`,
+      const watch = this.#watch('commit', id);
+      return watch.run(async () => {
+        const work = this.#commitWork(req, args);
+        const bound = this.#bound(req.deadline_ts, signal);
+        const { records, manifest } = await work.run(bound, req.stop, watch);
+        const reply = withExtra(
+          {
+            phase: 'committed' as const,
+            manifest,
+            episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
+          },
+          this.participant.commitReplyExtra(records),
+          'commit reply',
         );
-      }
-      const bound = <T>(p: Promise<T>): Promise<T> =>
-        withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
-
-      let records: R[];
-      try {
-        records = await bound(work.exported.promise);
-      } catch (err) {
-        if (work.exported.failed)
-          throw new ExportFailedError(this.#finalFailure ?? describe(err), { cause: err });
-        throw err;
-      }
-
-      const current = work;
-      if (current.write === null || current.write.failed) {
-        // A failed write is retried with the same records: the checkpoint never exports twice.
-        current.write = new Kept(() =>
-          this.#storage.write({
-            checkpointDir: current.checkpointDir,
-            kind: this.participant.kind,
-            instance: this.participant.instance,
-            checkpointId: id,
-            records,
-            manifestExtra: this.participant.manifestExtra(),
-            signingKey: this.#signingKey,
-            ...this.#modes,
-            stop: current.writeStop,
-          }),
-        );
-      }
-      const exportedAt = performance.now();
-      const cpuAtExport = process.cpuUsage();
-      const manifest = await bound(current.write.promise);
-      const writtenAt = performance.now();
-      const cpuAtWrite = process.cpuUsage();
-
-      if (current.args.scope !== null) {
-        const scopeKeys = current.args.scope;
-        if (current.cleanup === null || current.cleanup.failed) {
-          current.cleanup = new Kept(() => this.#deleteUnscopedRestored(scopeKeys));
-        }
-        await bound(current.cleanup.promise);
-      }
-
-      if (req.stop) {
-        current.parked ??= new Kept(() => this.participant.parkExported(records));
-        try {
-          await bound(current.parked.promise);
-        } catch (err) {
-          // The checkpoint is already durable; what stays held is freed by resume or retire.
-          this.#logger.warn('park_exported failed; ignored', {
-            checkpoint_id: id,
-            error: describe(err),
-          });
-        }
-      }
-
-      const reply = withExtra(
-        {
-          phase: 'committed' as const,
-          manifest,
-          episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
-        },
-        this.participant.commitReplyExtra(records),
-        'commit reply',
-      );
-      this.#phase = 'committed';
-      this.#notifyWaiters();
-      this.#recorded.set('commit', { checkpointId: id, args, reply });
-      this.#logger.info('checkpoint committed', {
-        checkpoint_id: id,
-        records: records.length,
-        export_ms: elapsedMs(startedAt, exportedAt),
-        write_ms: elapsedMs(exportedAt, writtenAt),
-        total_ms: elapsedMs(startedAt, performance.now()),
-        export_cpu_ms: cpuMs(cpuAtStart, cpuAtExport),
-        write_cpu_ms: cpuMs(cpuAtExport, cpuAtWrite),
+        this.#phase = 'committed';
+        this.#readiness.wakeAll();
+        this.#replies.record('commit', id, args, reply);
+        return { reply, counts: { episodes: records.length, bytes: manifest.records_bytes } };
       });
-      return reply;
     });
   }
 
   /**
-   * The first admitted commit of a checkpoint: readiness must still hold (a regression before the
-   * export started ends the checkpoint for good), the scope may not name a restart, then the export
-   * starts once and is kept.
+   * The checkpoint's commit work: the one a first commit started (a retry must name the same
+   * directory and scope), or new. New work needs readiness to still hold (a regression before the
+   * export started ends the checkpoint for good) and a scope naming no restart.
    */
-  #startCommit(req: CommitRequest, args: CallArgs): CommitWork<R> {
+  #commitWork(req: CommitRequest, args: CallArgs): CommitWork<R> {
     const id = req.checkpoint_id;
+    if (this.#work !== null) {
+      if (sameArgs(this.#work.args, args)) return this.#work;
+      throw new CheckpointConflictError(
+        `checkpoint ${id} is already being written to another directory or scope`,
+      );
+    }
     if (!this.participant.ready()) {
       const report = this.participant.readiness();
       this.#finalFailure =
@@ -511,147 +336,50 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         `(blockers=${JSON.stringify(report.blockers)}); resume and prepare again under a new checkpoint id`;
       throw new ExportFailedError(this.#finalFailure);
     }
-    const scope = req.episode_ids;
-    const scopeKeys = args.scope;
-    if (scopeKeys !== null) {
-      const restarts = new Set([
-        ...this.participant.readiness().restarts,
-        ...this.#carriedRestarts,
-      ]);
-      const named = [...scopeKeys].filter((key) => restarts.has(key)).sort();
-      if (named.length > 0) {
-        throw new RestartInScopeError(
-          `the commit scope names episodes that restart: ${named.join(', ')}`,
-        );
-      }
+    if (args.scope !== null) {
+      const restarts = [...this.participant.readiness().restarts, ...this.#carriedRestarts];
+      const refusal = restartInScopeError(args.scope, new Set(restarts));
+      if (refusal) throw refusal;
     }
-    const exportAbort = new AbortController();
-    const work: CommitWork<R> = {
-      checkpointDir: req.checkpoint_dir,
+    this.#work = new CommitWork({
+      checkpointId: id,
+      scope: req.episode_ids,
       args,
-      exportAbort,
-      exported: new Kept(async () => {
-        const records = await this.participant.export(scope, exportAbort.signal);
-        const outside =
-          scopeKeys === null
-            ? []
-            : records.map((r) => captureKey(r.episode_id)).filter((k) => !scopeKeys.has(k));
-        if (outside.length > 0) {
-          throw new CheckpointError(
-            `the participant exported episodes outside the commit scope: ${outside.slice(0, 10).join(', ')}`,
-          );
-        }
-        return records;
-      }),
-      writeStop: new WriteStop(),
-      write: null,
-      cleanup: null,
-      parked: null,
-    };
-    // Final even when it fails after its commit gave up waiting: a later export could take a later
-    // cut than the other participants committed.
-    work.exported.promise.catch((err: unknown) => {
-      if (this.#work === work && !exportAbort.signal.aborted) {
-        this.#finalFailure ??= `the export of checkpoint ${id} failed: ${describe(err)}; resume and prepare again under a new checkpoint id`;
-        this.#logger.error('export failed; the checkpoint cannot commit', {
-          checkpoint_id: id,
-          error: describe(err),
-        });
-      }
+      participant: this.participant,
+      observer: this.#observer,
+      write: (records, stop) => this.#storage.write(req.checkpoint_dir, id, records, stop),
     });
-    this.#work = work;
-    return work;
-  }
-
-  /** Frees restored attempts the commit's scope does not continue; they are not marked retired. */
-  async #deleteUnscopedRestored(scopeKeys: ReadonlySet<string>): Promise<void> {
-    const unscoped = this.participant
-      .restoredPending()
-      .filter((e) => !scopeKeys.has(captureKey(e)));
-    await forEachBounded(unscoped, CONTROL_CONCURRENCY, (e) => this.participant.deleteRestored(e));
+    return this.#work;
   }
 
   // --- restore ----------------------------------------------------------------------------------
 
   restore(req: RestoreRequest, signal?: AbortSignal): Promise<RestoreReply> {
-    return this.#transition('restore', async () => {
-      const id = req.checkpoint_id;
-      const args = callArgs(req.checkpoint_dir, req.episode_ids);
-      const earlier = this.#replay('restore', id, args);
-      if (earlier) return earlier as RestoreReply;
-      this.#admit('restore', id);
+    const id = req.checkpoint_id;
+    return this.#replayOrAdmit('restore', req, async (args) => {
       this.participant.checkRestore();
-      const bound = <T>(p: Promise<T>): Promise<T> =>
-        withinDeadline(p, req.deadline_ts, { clock: this.#clock, signal });
 
-      const scopeKeys = args.scope ?? new Set<string>();
-      let generation: number | null = null;
-      let install: Kept<void> | null = null;
-      let source: Manifest;
-      let records: R[];
-      const startedAt = performance.now();
-      let readAt = startedAt;
-      const cpuAtStart = process.cpuUsage();
-      let cpuAtRead = cpuAtStart;
-      try {
-        ({ manifest: source, records } = await bound(
-          this.#storage.read<R>({
-            checkpointDir: req.checkpoint_dir,
-            kind: this.participant.kind,
-            instance: this.participant.instance,
-            select: (key) => scopeKeys.has(key),
-            validate: (record, key) => this.participant.validateRecord(record, key),
-            signingKey: this.#signingKey,
-          }),
-        ));
-        readAt = performance.now();
-        cpuAtRead = process.cpuUsage();
-        // Once the checkpoint is accepted, before the install the deadline limits: a harness that
-        // outlived the crash may still call with the attempts this restore replaces. A refused
-        // checkpoint raises no marks.
-        this.participant.marks.mark(req.episode_ids);
-        const earlierInstall = this.#install;
-        if (earlierInstall) await bound(earlierInstall.settled());
-        // Taking over: an earlier failed restore no longer reopens when its install ends.
-        generation = ++this.#restoreGeneration;
-        await this.participant.closeAdmission({
-          checkpointId: id,
-          deadlineTs: req.deadline_ts,
-          carriedRestarts: new Set(),
+      const watch = this.#watch('restore', id);
+      return watch.run(async () => {
+        const { source, records } = await readAndInstall(req, args.scope ?? new Set(), {
+          participant: this.participant,
+          storage: this.#storage,
+          installs: this.#installs,
+          bound: this.#bound(req.deadline_ts, signal),
+          watch,
+          rollBack: (generation, install) => this.#rollBackRestore(generation, install),
         });
-        const toInstall = records;
-        install = new Kept(() => this.participant.install(toInstall, req.episode_ids));
-        this.#install = install;
-        const mine = install;
-        void mine.settled().then(() => {
-          if (this.#install === mine) this.#install = null;
-        });
-        await bound(install.promise);
-      } catch (err) {
-        // A restore cut short (not refused) still refuses the attempts it replaces.
-        if (!(err instanceof CheckpointStateError)) this.participant.marks.mark(req.episode_ids);
-        if (generation !== null) await this.#rollBackRestore(generation, install);
-        throw err;
-      }
-
-      this.#enter('restored', id);
-      this.#renewLease(req.deadline_ts);
-      const reply: RestoreReply = {
-        phase: 'restored',
-        source_checkpoint_id: source.checkpoint_id,
-        restored: records.map((r) => captureKey(nextAttempt(r.episode_id))).sort(),
-      };
-      this.#recorded.set('restore', { checkpointId: id, args, reply });
-      this.#logger.info('checkpoint restored', {
-        checkpoint_id: id,
-        source_checkpoint_id: source.checkpoint_id,
-        records: records.length,
-        read_ms: elapsedMs(startedAt, readAt),
-        install_ms: elapsedMs(readAt, performance.now()),
-        read_cpu_ms: cpuMs(cpuAtStart, cpuAtRead),
-        install_cpu_ms: cpuMs(cpuAtRead, process.cpuUsage()),
+        this.#enter('restored', id);
+        this.#renewLease(req.deadline_ts);
+        const reply: RestoreReply = {
+          phase: 'restored',
+          source_checkpoint_id: source.checkpoint_id,
+          restored: records.map((r) => captureKey(nextAttempt(r.episode_id))).sort(),
+        };
+        this.#replies.record('restore', id, args, reply);
+        const counts = { episodes: records.length, bytes: source.records_bytes };
+        return { reply, counts: { ...counts, source_checkpoint_id: source.checkpoint_id } };
       });
-      return reply;
     });
   }
 
@@ -667,11 +395,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     }
     void install.settled().then(() =>
       this.#lock.run(async () => {
-        if (
-          this.#phase === 'idle' &&
-          this.#restoreGeneration === generation &&
-          this.#reopenPending
-        ) {
+        if (this.#phase === 'idle' && this.#installs.isLatest(generation) && this.#reopenPending) {
           await this.#finishPendingReopen();
         }
       }),
@@ -683,9 +407,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     try {
       await this.#reopenAdmission();
     } catch (err) {
-      this.#logger.error('reopening admission failed; the next resume retries it', {
-        error: describe(err),
-      });
+      this.#observer.onReopenFailed?.({ error: describe(err) });
     }
   }
 
@@ -703,35 +425,45 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
    * attempt, a bounded number at a time, within the deadline.
    */
   retire(req: RetireRequest, signal?: AbortSignal): Promise<{ retired_count: number }> {
-    return this.#transition('retire', async () => {
-      this.#admitOutside('retire', req.checkpoint_id);
+    const id = req.checkpoint_id;
+    return this.#transition('retire', id, async () => {
+      this.#admitOutside('retire', id);
       const retiredCount = this.participant.marks.mark(req.episode_ids);
       if (this.#phase === 'restored') this.#renewLease(req.deadline_ts);
-      const install = this.#install;
-      const stopStarting = new AbortController();
-      try {
-        await withinDeadline(
-          (async () => {
-            if (install) await install.settled();
-            await forEachBounded(
-              latestPerRollout(req.episode_ids),
-              CONTROL_CONCURRENCY,
-              (e) => this.participant.retire(e),
-              stopStarting.signal,
-            );
-          })(),
-          req.deadline_ts,
-          { clock: this.#clock, signal },
-        );
-      } finally {
-        stopStarting.abort();
-      }
-      return { retired_count: retiredCount };
+      const watch = this.#watch('retire', id);
+      return watch.run(async () => {
+        await this.#retireRollouts(req, signal, watch);
+        return { reply: { retired_count: retiredCount }, counts: { episodes: retiredCount } };
+      });
     });
   }
 
+  async #retireRollouts(
+    req: RetireRequest,
+    signal: AbortSignal | undefined,
+    watch: OperationWatch,
+  ): Promise<void> {
+    const install = this.#installs.running;
+    const stopStarting = new AbortController();
+    const retireEach = async (): Promise<void> => {
+      if (install) {
+        await install.settled();
+        watch.lap('install_wait');
+      }
+      const episodes = latestPerRollout(req.episode_ids);
+      const retire = (e: EpisodeId): Promise<void> => this.participant.retire(e);
+      await forEachBounded(episodes, CONTROL_CONCURRENCY, retire, stopStarting.signal);
+      watch.lap('retire_drain');
+    };
+    try {
+      await this.#bound(req.deadline_ts, signal)(retireEach());
+    } finally {
+      stopStarting.abort();
+    }
+  }
+
   forget(req: ForgetRequest): Promise<{ forgotten_count: number }> {
-    return this.#transition('forget', async () => {
+    return this.#transition('forget', req.checkpoint_id, async () => {
       this.#admitOutside('forget', req.checkpoint_id);
       this.participant.checkForget(req.rollout_ids);
       const forgottenCount = this.participant.marks.forget(req.rollout_ids);
@@ -743,14 +475,10 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   // --- resume and lease expiry ------------------------------------------------------------------
 
   resume(req: CheckpointRequest, signal?: AbortSignal): Promise<ResumeReply> {
-    return this.#transition('resume', async () => {
-      const id = req.checkpoint_id;
-      const action = resumeAction(
-        this.#state(),
-        id,
-        (x) => this.#resumed.has(x),
-        this.#reopenPending,
-      );
+    const id = req.checkpoint_id;
+    return this.#transition('resume', id, async () => {
+      const isResumed = (x: string): boolean => this.#resumed.has(x);
+      const action = resumeAction(this.#state(), id, isResumed, this.#reopenPending);
       if (action instanceof CkptGymError) throw action;
       if (action === 'idempotent') {
         // Remembered even when nothing was open, so a delayed prepare of this id is fenced.
@@ -758,12 +486,11 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
         return { phase: 'idle', idempotent: true };
       }
       if (action === 'finish-reopen') {
-        const install = this.#install;
-        if (install)
-          await withinDeadline(install.settled(), req.deadline_ts, { clock: this.#clock, signal });
+        const install = this.#installs.running;
+        if (install) await this.#bound(req.deadline_ts, signal)(install.settled());
         await this.#reopenAdmission();
         this.#resumed.add(id);
-        this.#notifyWaiters();
+        this.#readiness.wakeAll();
         return { phase: 'idle', idempotent: false };
       }
       await this.#end(req.deadline_ts, signal);
@@ -772,88 +499,56 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   }
 
   /**
-   * Ends the open checkpoint (resume or lease expiry): waits within the deadline for a cleanup
-   * still deleting restored state (a replacement may start as that attempt), cancels a running
-   * export, stops the writer so no manifest appears after this returns, reopens admission, fences
-   * the id. Any failure keeps the phase, so the resume can be retried.
+   * Ends the open checkpoint (resume or lease expiry): ends its commit work (see CommitWork.end),
+   * reopens admission, fences the id. Any failure keeps the phase, so the resume can be retried.
    */
   async #end(deadlineTs: number, signal?: AbortSignal): Promise<void> {
-    const work = this.#work;
-    if (work) {
-      const cleanup = work.cleanup;
-      if (cleanup?.running) {
-        try {
-          await withinDeadline(cleanup.settled(), deadlineTs, { clock: this.#clock, signal });
-        } catch (err) {
-          if (err instanceof DeadlineExceededError) {
-            throw new DeadlineExceededError('restored state is still being deleted; resume again', {
-              cause: err,
-            });
-          }
-          throw err;
-        }
-      }
-      work.exportAbort.abort(new Error('the checkpoint was resumed'));
-      await work.writeStop.stop();
-    }
+    await this.#work?.end(this.#bound(deadlineTs, signal), 'the checkpoint was resumed');
     await this.#reopenAdmission();
-    const id = this.#checkpointId as string;
-    this.#resumed.add(id);
+    this.#resumed.add(this.#checkpointId as string);
     this.#leave();
   }
 
-  #onLeaseTimer(id: string): void {
-    this.#cancelLeaseTimer = null;
+  /** The open checkpoint's lease, made at its first renewal. */
+  #renewLease(deadlineTs: number): number {
+    if (this.#lease === null) {
+      const lease: Lease = new Lease(this.#clock, this.#leaseGraceSeconds, () =>
+        this.#onLeaseExpiry(lease),
+      );
+      // A disposed plane arms no timer.
+      if (this.#disposed) lease.end();
+      this.#lease = lease;
+    }
+    return this.#lease.renew(deadlineTs);
+  }
+
+  /** Under the lock, unless renewed meanwhile: ends the checkpoint; a failure tries again later. */
+  #onLeaseExpiry(lease: Lease): void {
     void this.#lock.run(async () => {
-      if (this.#disposed || this.#checkpointId !== id || this.#leaseExpiresAt === null) return;
-      if (this.#clock.now() < this.#leaseExpiresAt) {
-        this.#scheduleLease();
-        return;
-      }
-      this.#logger.warn('lease expired; aborting the checkpoint', {
-        checkpoint_id: id,
-        phase: this.#phase,
-      });
+      if (this.#disposed || this.#lease !== lease || !lease.isExpired()) return;
+      // A lease exists only while a checkpoint is open.
+      const id = this.#checkpointId as string;
+      this.#observer.onLeaseExpired?.({ checkpoint_id: id, phase: this.#phase });
       try {
         await this.#end(this.#clock.now() + this.#leaseRetrySeconds);
       } catch (err) {
-        this.#logger.error('lease expiry could not reopen; retrying', {
+        const retry_seconds = this.#leaseRetrySeconds;
+        this.#observer.onLeaseExpiryFailed?.({
           checkpoint_id: id,
-          retry_seconds: this.#leaseRetrySeconds,
+          retry_seconds,
           error: describe(err),
         });
-        if (!this.#disposed && this.#checkpointId === id) {
-          this.#cancelLeaseTimer = this.#clock.setTimeout(
-            () => this.#onLeaseTimer(id),
-            this.#leaseRetrySeconds * 1000,
-          );
-        }
+        if (!this.#disposed && this.#lease === lease) lease.retryIn(retry_seconds);
       }
     });
-  }
-
-  #renewLease(deadlineTs: number): number {
-    this.#leaseExpiresAt = extendedLease(this.#leaseExpiresAt, deadlineTs, this.#leaseGraceSeconds);
-    this.#scheduleLease();
-    return this.#leaseExpiresAt;
-  }
-
-  #scheduleLease(): void {
-    this.#cancelLeaseTimer?.();
-    const id = this.#checkpointId;
-    if (this.#disposed || id === null || this.#leaseExpiresAt === null) return;
-    this.#cancelLeaseTimer = atTime(this.#clock, this.#leaseExpiresAt, () =>
-      this.#onLeaseTimer(id),
-    );
   }
 
   /** Stops the lease timers and any running export; the plane takes no further part. */
   dispose(): void {
     this.#disposed = true;
-    this.#cancelLeaseTimer?.();
-    this.#cancelLeaseTimer = null;
-    this.#work?.exportAbort.abort(new Error('the control plane was disposed'));
-    this.#notifyWaiters();
+    this.#lease?.end();
+    this.#work?.cancelExport('the control plane was disposed');
+    this.#readiness.wakeAll();
   }
 
   // --- shared steps -----------------------------------------------------------------------------
@@ -867,25 +562,37 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     if (refusal) throw refusal;
   }
 
+  /**
+   * A commit or restore under the lock: the reply it already gave for the same directory and
+   * scope, or `run` once the call is admitted.
+   */
+  #replayOrAdmit<K extends 'commit' | 'restore'>(
+    op: K,
+    req: CommitRequest | RestoreRequest,
+    run: (args: CallArgs) => Promise<ReplayedReplies[K]>,
+  ): Promise<ReplayedReplies[K]> {
+    const id = req.checkpoint_id;
+    return this.#transition(op, id, async () => {
+      const args = callArgs(req.checkpoint_dir, req.episode_ids);
+      const earlier = this.#replies.replay(op, id, args);
+      if (earlier) return earlier;
+      this.#admit(op, id);
+      return run(args);
+    });
+  }
+
   #admitOutside(op: 'retire' | 'forget', checkpointId: string): void {
     const refusal = outsideCheckpointError(op, this.#state(), checkpointId);
     if (refusal) throw refusal;
   }
 
-  /** A completed operation's reply for the same arguments; another directory or scope conflicts. */
-  #replay(
-    op: 'prepare' | 'commit' | 'restore',
-    checkpointId: string,
-    args: CallArgs,
-  ): object | undefined {
-    const recorded = this.#recorded.get(op);
-    if (recorded === undefined || recorded.checkpointId !== checkpointId) return undefined;
-    if (!sameArgs(recorded.args, args)) {
-      throw new CheckpointConflictError(
-        `checkpoint ${checkpointId} already completed ${op} with another directory or scope`,
-      );
-    }
-    return recorded.reply;
+  #watch(op: ObservedOperation, checkpointId: string): OperationWatch {
+    return new OperationWatch(this.#observer, op, checkpointId, () => this.#phase);
+  }
+
+  /** Awaits work within the call's deadline (the work itself is not stopped) or until the client left. */
+  #bound(deadlineTs: number, signal: AbortSignal | undefined): Bound {
+    return (work) => withinDeadline(work, deadlineTs, { clock: this.#clock, signal });
   }
 
   #enter(phase: Phase, checkpointId: string): void {
@@ -893,33 +600,28 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#checkpointId = checkpointId;
     // Admission is closed by this checkpoint now; its resume or expiry reopens it.
     this.#reopenPending = false;
-    this.#notifyWaiters();
+    this.#readiness.wakeAll();
   }
 
   /** Back to idle: drops the checkpoint's lease, results, work and carried restarts. */
   #leave(): void {
     this.#phase = 'idle';
     this.#checkpointId = null;
-    this.#leaseExpiresAt = null;
-    this.#cancelLeaseTimer?.();
-    this.#cancelLeaseTimer = null;
-    this.#recorded.clear();
+    this.#lease?.end();
+    this.#lease = null;
+    this.#replies.clear();
     this.#work = null;
     this.#finalFailure = null;
     this.#carriedRestarts = new Set();
-    this.#notifyWaiters();
-  }
-
-  #notifyWaiters(): void {
-    for (const wake of [...this.#waiters]) wake();
+    this.#readiness.wakeAll();
   }
 
   /** Runs a transition under the lock; anything untyped a hook throws becomes `checkpoint_error`. */
-  async #transition<T>(op: string, fn: () => Promise<T>): Promise<T> {
+  async #transition<T>(op: string, checkpointId: string, fn: () => Promise<T>): Promise<T> {
     try {
       return await this.#lock.run(fn);
     } catch (err) {
-      throw this.#typed(op, err);
+      throw this.#typed(op, checkpointId, err);
     }
   }
 
@@ -927,15 +629,23 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     try {
       return fn();
     } catch (err) {
-      throw this.#typed(op, err);
+      throw this.#typed(op, null, err);
     }
   }
 
-  #typed(op: string, err: unknown): CkptGymError {
-    if (err instanceof CkptGymError) return err;
-    this.#logger.error(`checkpoint ${op} failed`, {
-      error: err instanceof Error ? (err.stack ?? err.message) : String(err),
+  /** The error a call answers with; the observer hears of each (and of the untyped original). */
+  #typed(op: string, checkpointId: string | null, err: unknown): CkptGymError {
+    const typed =
+      err instanceof CkptGymError
+        ? err
+        : new CheckpointError(`checkpoint ${op} failed: ${describe(err)}`, { cause: err });
+    this.#observer.onRefused?.({
+      operation: op,
+      checkpoint_id: checkpointId,
+      code: typed.code,
+      detail: typed.message,
+      ...(typed === err ? {} : { cause: err }),
     });
-    return new CheckpointError(`checkpoint ${op} failed: ${describe(err)}`, { cause: err });
+    return typed;
   }
 }

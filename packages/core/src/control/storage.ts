@@ -1,0 +1,76 @@
+/**
+ * The store as the plane uses it: bound to its participant (kind, instance, manifest extras,
+ * record validation), its signing key and its file modes, so a commit writes and a restore reads
+ * with only a directory, a checkpoint id and a scope.
+ */
+import type { Participant } from '../participant.js';
+import {
+  type CheckpointRecord,
+  type Manifest,
+  readParticipantState,
+  type WriteStop,
+  writeParticipantState,
+} from '../store.js';
+
+/** The store functions the plane writes and reads through (injectable for tests). */
+export interface ControlStorage {
+  write: typeof writeParticipantState;
+  read: typeof readParticipantState;
+}
+
+export interface ParticipantStorageOptions {
+  storage?: ControlStorage;
+  /** `checkpoint.signing_key`: commits sign their manifests, restores refuse unsigned ones. */
+  signingKey?: Uint8Array;
+  /** `checkpoint.file_mode` / `dir_mode`: the modes a commit writes with (the store's defaults). */
+  fileMode?: number;
+  dirMode?: number;
+}
+
+export class ParticipantStorage<R extends CheckpointRecord> {
+  readonly #participant: Participant<R>;
+  readonly #storage: ControlStorage;
+  readonly #options: ParticipantStorageOptions;
+
+  constructor(participant: Participant<R>, options: ParticipantStorageOptions) {
+    this.#participant = participant;
+    this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
+    this.#options = options;
+  }
+
+  /** Writes the records, then the manifest (with the participant's extras, asked now). */
+  write(
+    checkpointDir: string,
+    checkpointId: string,
+    records: R[],
+    stop: WriteStop,
+  ): Promise<Manifest> {
+    return this.#storage.write({
+      checkpointDir,
+      kind: this.#participant.kind,
+      instance: this.#participant.instance,
+      checkpointId,
+      records,
+      manifestExtra: this.#participant.manifestExtra(),
+      signingKey: this.#options.signingKey,
+      fileMode: this.#options.fileMode,
+      dirMode: this.#options.dirMode,
+      stop,
+    });
+  }
+
+  /** Reads and verifies the checkpoint, validating and keeping only the records in scope. */
+  read(
+    checkpointDir: string,
+    scopeKeys: ReadonlySet<string>,
+  ): Promise<{ manifest: Manifest; records: R[] }> {
+    return this.#storage.read<R>({
+      checkpointDir,
+      kind: this.#participant.kind,
+      instance: this.#participant.instance,
+      select: (key) => scopeKeys.has(key),
+      validate: (record, key) => this.#participant.validateRecord(record, key),
+      signingKey: this.#options.signingKey,
+    });
+  }
+}
