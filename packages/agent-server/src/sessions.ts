@@ -6,13 +6,23 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 
 import {
+  type AgentSeedRequest,
   CheckpointError,
+  type CloseReceipt,
   type EpisodeId,
-  episodeIdFromJson,
   encodeJson,
   InvalidRequestError,
+  isSessionId,
   type JsonObject,
-  type JsonValue,
+  SESSION_ID_REASON,
+} from '@ckpt-gym/core';
+
+// The seed and close contracts live in core's wire module, shared with the environment server.
+export {
+  type AgentSeedRequest,
+  type CloseReceipt,
+  MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS,
+  parseAgentSeedRequest as parseSeedRequest,
 } from '@ckpt-gym/core';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
@@ -28,24 +38,10 @@ export interface DirectHttpToolAccess {
   headers: Record<string, string>;
 }
 
-export interface AgentSeedRequest {
-  agent_session_id: string;
-  episode_id: EpisodeId;
-  task_id: JsonValue;
-  tool_accesses: JsonObject[];
-  sandbox_access: JsonObject | null;
-}
-
 /** A completed activation's reply, kept as the objects it was sent as (no copy, no encoding). */
 export interface StoredReply {
   response: JsonObject;
   cookies: Record<string, string>;
-}
-
-export interface CloseReceipt {
-  agent_session_id: string;
-  agent_observations: JsonValue;
-  resources_cookies: Record<string, string> | null;
 }
 
 /** One seeded session: what the framework needs (activation counts, the kept reply) plus the agent's own state. */
@@ -66,70 +62,19 @@ export interface AgentSessionEntry<S = unknown> {
   state: S;
 }
 
-const SEED_KEYS = ['agent_session_id', 'episode_id', 'task_id', 'tool_accesses', 'sandbox_access'];
-
 /**
- * The longest `agent_session_id`: its signed cookie must fit in a reply header a client can read
- * (node refuses headers over 16 kB in all; browsers a cookie over 4 kB).
- */
-export const MAX_AGENT_SESSION_ID_CHARS = 256;
-/** With the `u` flag a lone surrogate is a code point of its own (category Cs); a pair is not. */
-const LONE_SURROGATE = /\p{Cs}/u;
-
-/**
- * Reads an `agent_session_id`: a non-empty string of well-formed Unicode (a lone surrogate has no
- * UTF-8 form, so no cookie could carry it) of at most MAX_AGENT_SESSION_ID_CHARS; 422 otherwise.
+ * Reads an `agent_session_id` (a close names one): a session id as `isSessionId` says; 422
+ * otherwise.
  */
 export function parseAgentSessionId(value: unknown): string {
-  if (
-    typeof value !== 'string' ||
-    value.length === 0 ||
-    value.length > MAX_AGENT_SESSION_ID_CHARS ||
-    LONE_SURROGATE.test(value)
-  ) {
-    throw new InvalidRequestError(
-      `agent_session_id: must be a non-empty string of at most ${MAX_AGENT_SESSION_ID_CHARS} characters, without lone surrogates`,
-    );
+  if (typeof value !== 'string' || !isSessionId(value)) {
+    throw new InvalidRequestError(`agent_session_id: ${SESSION_ID_REASON}`);
   }
   return value;
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-/** Validates a seed body (extra fields refused, tool access names unique); 422 `invalid_request`. */
-export function parseSeedRequest(body: unknown): AgentSeedRequest {
-  if (!isObject(body)) throw new InvalidRequestError('body: must be a JSON object');
-  const extra = Object.keys(body).filter((k) => !SEED_KEYS.includes(k));
-  if (extra.length > 0) throw new InvalidRequestError(`body: unknown keys ${extra.join(', ')}`);
-  const id = parseAgentSessionId(body.agent_session_id);
-  const episode = episodeIdFromJson(body.episode_id);
-  const accesses = body.tool_accesses ?? [];
-  if (!Array.isArray(accesses) || !accesses.every(isObject)) {
-    throw new InvalidRequestError('tool_accesses: must be a list of objects');
-  }
-  const names = new Set<string>();
-  for (const [i, access] of accesses.entries()) {
-    if (typeof access.name !== 'string' || typeof access.kind !== 'string') {
-      throw new InvalidRequestError(`tool_accesses[${i}]: needs string kind and name`);
-    }
-    if (names.has(access.name)) {
-      throw new InvalidRequestError(`tool_accesses[${i}]: name ${access.name} is not unique`);
-    }
-    names.add(access.name);
-  }
-  const sandbox = body.sandbox_access ?? null;
-  if (sandbox !== null && !isObject(sandbox)) {
-    throw new InvalidRequestError('sandbox_access: must be an object or null');
-  }
-  return {
-    agent_session_id: id,
-    episode_id: episode,
-    task_id: (body.task_id ?? null) as JsonValue,
-    tool_accesses: accesses as JsonObject[],
-    sandbox_access: sandbox as JsonObject | null,
-  };
 }
 
 /** An HTTP token: what a header or cookie name may be. */
