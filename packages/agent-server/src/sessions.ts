@@ -21,22 +21,14 @@ import {
 export {
   type AgentSeedRequest,
   type CloseReceipt,
+  type DirectHttpToolAccess,
+  parseDirectHttpGrant as parseDirectHttpAccess,
   MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS,
   parseAgentSeedRequest as parseSeedRequest,
 } from '@ckpt-gym/core';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
 export const DEFAULT_CLOSE_RETRY_WINDOW_SECONDS = 300;
-
-/** A tool grant for direct HTTP calls (the resources server, usually under a rollout prefix). */
-export interface DirectHttpToolAccess {
-  kind: 'direct_http';
-  name: string;
-  required: boolean;
-  base_url: string;
-  cookies: Record<string, string>;
-  headers: Record<string, string>;
-}
 
 /** A completed activation's reply, kept as the objects it was sent as (no copy, no encoding). */
 export interface StoredReply {
@@ -71,54 +63,6 @@ export function parseAgentSessionId(value: unknown): string {
     throw new InvalidRequestError(`agent_session_id: ${SESSION_ID_REASON}`);
   }
   return value;
-}
-
-function isObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-/** An HTTP token: what a header or cookie name may be. */
-const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
-/** What node lets into a header value; a cookie value may not hold `;` besides. */
-const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
-const COOKIE_VALUE = /^[\t\x20-\x3a\x3c-\x7e\x80-\xff]*$/;
-
-/** True for an object of `name: value` strings that are valid on the wire as such. */
-function sendable(value: unknown, valuePattern: RegExp): boolean {
-  return (
-    isObject(value) &&
-    Object.entries(value).every(
-      ([name, v]) => TOKEN.test(name) && typeof v === 'string' && valuePattern.test(v),
-    )
-  );
-}
-
-function isHttpUrl(value: unknown): value is string {
-  return typeof value === 'string' && /^https?:\/\//.test(value) && URL.canParse(value);
-}
-
-/**
- * Reads a direct HTTP grant; anything malformed is 422 `invalid_request`, also cookies and headers
- * that could not be sent as such (the tool call would fail on its way, a 502 of ours).
- */
-export function parseDirectHttpAccess(access: JsonObject): DirectHttpToolAccess {
-  const { name, base_url, cookies = {}, headers = {}, required = false } = access;
-  if (!isHttpUrl(base_url)) {
-    throw new InvalidRequestError(`tool access ${String(name)}: base_url must be an http(s) URL`);
-  }
-  if (!sendable(cookies, COOKIE_VALUE) || !sendable(headers, HEADER_VALUE)) {
-    throw new InvalidRequestError(
-      `tool access ${String(name)}: cookies and headers must map HTTP token names to strings valid in a header`,
-    );
-  }
-  return {
-    kind: 'direct_http',
-    name: String(name),
-    required: required === true,
-    base_url,
-    cookies: cookies as Record<string, string>,
-    headers: headers as Record<string, string>,
-  };
 }
 
 const NO_ITEMS: readonly never[] = [];

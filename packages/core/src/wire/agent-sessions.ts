@@ -39,6 +39,16 @@ export type McpGrant = {
   connection: { transport: 'streamable_http'; url: string; headers: JsonObject };
 };
 
+/** A direct HTTP grant as an agent reads it: its defaults filled in. */
+export interface DirectHttpToolAccess {
+  kind: 'direct_http';
+  name: string;
+  required: boolean;
+  base_url: string;
+  cookies: Record<string, string>;
+  headers: Record<string, string>;
+}
+
 /** `POST /v1/agent_sessions`. */
 export interface AgentSeedRequest {
   agent_session_id: string;
@@ -109,6 +119,33 @@ type SeedJson = Omit<
   sandbox_access?: JsonObject | null;
 };
 
+/** An HTTP token: what a header or cookie name may be. */
+const TOKEN = "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$";
+/** What node lets into a header value; a cookie value may not hold `;` besides. */
+const HEADER_VALUE = '^[\\t\\x20-\\x7e\\x80-\\xff]*$';
+const COOKIE_VALUE = '^[\\t\\x20-\\x3a\\x3c-\\x7e\\x80-\\xff]*$';
+const SENDABLE = 'must map HTTP token names to strings valid in a header';
+
+/** `name: value` strings that can be sent as such (else the tool call would fail on its way). */
+function sendable(valuePattern: string) {
+  return {
+    type: 'object',
+    reason: SENDABLE,
+    propertyNames: { pattern: TOKEN, reason: SENDABLE },
+    additionalProperties: { type: 'string', pattern: valuePattern, reason: SENDABLE },
+  } as const;
+}
+
+const DIRECT_HTTP_SCHEMA = {
+  type: 'object',
+  required: ['base_url'],
+  properties: {
+    base_url: { type: 'string', format: 'http-url', reason: 'must be an http(s) URL' },
+    cookies: sendable(COOKIE_VALUE),
+    headers: sendable(HEADER_VALUE),
+  },
+} as const;
+
 const checkSeed = compileWire<SeedJson>(SEED_SCHEMA);
 const checkClose = compileWire<{ agent_session_id: string; episode_id?: EpisodeIdJson }>(
   CLOSE_SCHEMA,
@@ -130,6 +167,29 @@ export function parseAgentSeedRequest(body: unknown): AgentSeedRequest {
     task_id: seed.task_id ?? null,
     tool_accesses: accesses,
     sandbox_access: seed.sandbox_access ?? null,
+  };
+}
+
+const checkDirectHttp = compileWire<{
+  base_url: string;
+  required?: unknown;
+  cookies?: Record<string, string>;
+  headers?: Record<string, string>;
+}>(DIRECT_HTTP_SCHEMA);
+
+/**
+ * Reads a direct HTTP grant of a seed; anything malformed is 422 `invalid_request`, also cookies
+ * and headers that could not be sent as such (the tool call would fail on its way, a 502 of ours).
+ */
+export function parseDirectHttpGrant(access: ToolAccess): DirectHttpToolAccess {
+  const grant = checkDirectHttp(access, `tool access ${JSON.stringify(String(access.name))}`);
+  return {
+    kind: 'direct_http',
+    name: String(access.name),
+    required: grant.required === true,
+    base_url: grant.base_url,
+    cookies: grant.cookies ?? {},
+    headers: grant.headers ?? {},
   };
 }
 

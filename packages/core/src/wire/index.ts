@@ -5,12 +5,14 @@ export {
   type AgentSeedRequest,
   type CloseReceipt,
   type DirectHttpGrant,
+  type DirectHttpToolAccess,
   type McpGrant,
   type ToolAccess,
   activationHeader,
   parseActivationHeader,
   parseAgentCloseRequest,
   parseAgentSeedRequest,
+  parseDirectHttpGrant,
 } from './agent-sessions.js';
 export {
   type NativeCloseRequest,

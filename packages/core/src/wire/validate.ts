@@ -56,6 +56,10 @@ ajv.addKeyword({
   validate: checkEpisodeId,
 });
 ajv.addFormat('session-id', { type: 'string', validate: isSessionId });
+ajv.addFormat('http-url', {
+  type: 'string',
+  validate: (value: string) => /^https?:\/\//.test(value) && URL.canParse(value),
+});
 
 /** The schema of a session id field (agent or resources). */
 export const SESSION_ID_SCHEMA = {
@@ -120,11 +124,15 @@ function describe(err: ErrorObject, prefix: string): string {
 
 /**
  * Compiles a contract's schema once; the validator returns the body as its wire type or throws
- * 422 `invalid_request` naming the first bad field, under `prefix` (e.g. `seed_session`).
+ * 422 `invalid_request` naming the first bad field, under `prefix` (e.g. `seed_session`; a call
+ * may name another, as a part of a body does).
  */
-export function compileWire<W>(schema: object, prefix = ''): (body: unknown) => W {
+export function compileWire<W>(
+  schema: object,
+  defaultPrefix = '',
+): (body: unknown, prefix?: string) => W {
   const validate = ajv.compile<W>(schema);
-  return (body) => {
+  return (body, prefix = defaultPrefix) => {
     if (validate(body)) return body;
     const first = validate.errors?.[0];
     throw new InvalidRequestError(

@@ -8,6 +8,7 @@ import {
   parseActivationHeader,
   parseAgentCloseRequest,
   parseAgentSeedRequest,
+  parseDirectHttpGrant,
   MAX_SESSION_ID_CHARS,
 } from '../../src/wire/index.js';
 import { refusal } from './support.js';
@@ -116,6 +117,39 @@ describe('the agent seed contract', () => {
     ],
   ])('%s is 422 invalid_request naming the field', (_what, body, detail) => {
     expect(refusal(() => parseAgentSeedRequest(body))).toContain(detail);
+  });
+});
+
+describe('the direct HTTP grant', () => {
+  test('a grant the sender built reads with its defaults filled in', () => {
+    expect(parseDirectHttpGrant(GRANT)).toEqual({ ...GRANT, headers: {} });
+    expect(parseDirectHttpGrant({ kind: 'direct_http', name: 'n', base_url: 'https://a' })).toEqual(
+      {
+        kind: 'direct_http',
+        name: 'n',
+        required: false,
+        base_url: 'https://a',
+        cookies: {},
+        headers: {},
+      },
+    );
+  });
+
+  test.each([
+    ['no base_url', { base_url: undefined }, 'base_url: must be an http(s) URL'],
+    ['a base_url that is no URL', { base_url: 'http://a b' }, 'base_url: must be an http(s) URL'],
+    ['a base_url of another scheme', { base_url: 'ftp://a' }, 'base_url: must be an http(s) URL'],
+    ['a cookie value no header can carry', { cookies: { s: 'caf\u20ac' } }, 'cookies.s: must map'],
+    ['a cookie value with a semicolon', { cookies: { s: 'a; b=c' } }, 'cookies.s: must map'],
+    ['cookies that are a list', { cookies: ['s'] }, 'cookies: must map'],
+    ['a header name that is no token', { headers: { 'x y': '1' } }, 'headers: must map'],
+    ['a header value with a newline', { headers: { 'x-a': 'a\nb' } }, 'headers.x-a: must map'],
+    ['a header value that is a number', { headers: { 'x-a': 1 } }, 'must map'],
+  ])('%s is 422 invalid_request naming the grant and the field', (_what, change, detail) => {
+    const grant = JSON.parse(JSON.stringify({ ...GRANT, ...change })) as typeof GRANT;
+    const message = refusal(() => parseDirectHttpGrant(grant));
+    expect(message).toContain('tool access "weather.direct_http"');
+    expect(message).toContain(detail);
   });
 });
 
