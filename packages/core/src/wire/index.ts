@@ -40,3 +40,4 @@ export {
   MAX_SESSION_ID_CHARS,
   SESSION_ID_REASON,
 } from './validate.js';
+export { type ChatCompletionRequest, parseChatCompletionRequest } from './chat.js';
