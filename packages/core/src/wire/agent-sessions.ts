@@ -84,8 +84,9 @@ const SEED_SCHEMA = closedObject(
     agent_session_id: SESSION_ID_SCHEMA,
     episode_id: EPISODE_ID_SCHEMA,
     task_id: {},
+    // null reads as no grants, as an absent field does.
     tool_accesses: {
-      type: 'array',
+      type: ['array', 'null'],
       reason: 'must be a list of objects',
       items: {
         type: 'object',
@@ -115,7 +116,7 @@ type SeedJson = Omit<
 > & {
   episode_id: EpisodeIdJson;
   task_id?: JsonValue;
-  tool_accesses?: ToolAccess[];
+  tool_accesses?: ToolAccess[] | null;
   sandbox_access?: JsonObject | null;
 };
 

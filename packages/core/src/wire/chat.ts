@@ -8,16 +8,20 @@ import type { JsonObject, JsonValue } from '../json.js';
 import { checkChatMessages } from '../openai.js';
 import { compileWire } from './validate.js';
 
-export type ChatCompletionRequest = JsonObject & {
+export interface ChatCompletionRequest {
   model?: string;
   /** Well-formed as `checkChatMessages` says. */
   messages: JsonObject[];
   stream?: boolean;
   /** `include_usage`: a last chunk with usage and no choices. */
   stream_options?: { include_usage?: JsonValue } | null;
-  /** Read by the worker's capture path, which refuses a bad one in its own reply. */
+  /**
+   * A captured call's `CaptureAdmission`, unchecked here: the worker's capture path reads it with
+   * `parseCaptureAdmission` and refuses a bad one in its own reply, not with a 422.
+   */
   ng_capture?: CaptureAdmission | JsonValue;
-};
+  [field: string]: unknown;
+}
 
 const CHAT_SCHEMA = {
   type: 'object',

@@ -66,7 +66,8 @@ const SEED_SCHEMA = nativeSchema(
       ['taskset', 'task_id'],
       TASK_ID_REASON,
     ),
-    task_data: { type: 'object', reason: 'must be an object' },
+    // null reads as no task data, as an absent field does.
+    task_data: { type: ['object', 'null'], reason: 'must be an object' },
   },
   ['task_id'],
 );
@@ -75,7 +76,7 @@ type SeedJson = {
   resources_session_id: string;
   episode_id: EpisodeIdJson;
   task_id: ResourcesTaskId;
-  task_data?: JsonObject;
+  task_data?: JsonObject | null;
 };
 
 const checkSeed = compileWire<SeedJson>(SEED_SCHEMA, 'seed_session');

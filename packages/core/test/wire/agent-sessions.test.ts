@@ -47,6 +47,11 @@ describe('the agent seed contract', () => {
     });
   });
 
+  test('null tool accesses, task id and sandbox read as absent ones', () => {
+    const seed = { ...SEED, task_id: null, tool_accesses: null, sandbox_access: null };
+    expect(parseAgentSeedRequest(seed)).toEqual({ ...SEED, task_id: null, tool_accesses: [] });
+  });
+
   test('the parsed seed has one key order, whatever order the body had', () => {
     const reordered = Object.fromEntries(Object.entries(SEED).reverse());
     expect(Object.keys(parseAgentSeedRequest(reordered))).toEqual(Object.keys(SEED));

@@ -28,6 +28,13 @@ describe('the native resources seed contract', () => {
     expect(isNativeBody({ initial_count: 1 })).toBe(false);
   });
 
+  test('null task_data reads as absent task data', () => {
+    expect(parseNativeSeedRequest({ ...SEED, task_data: null })).toEqual({
+      ...SEED,
+      task_data: {},
+    });
+  });
+
   test('task_data defaults to an empty object, the attempt to 0', () => {
     const { task_data: _data, ...rest } = SEED;
     expect(parseNativeSeedRequest({ ...rest, episode_id: { rollout_id: 'r1' } })).toEqual({
