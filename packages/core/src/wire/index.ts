@@ -1,4 +1,17 @@
-// Every body one server sends another: its type and its parser (an ajv schema compiled once).
+/**
+ * Every body one server sends another: its type (the sender builds a value of it) and its parser
+ * `(body: unknown) => T` (an ajv schema compiled once; a refusal is 422 `invalid_request` naming
+ * the field), which the receiver's route calls.
+ *
+ *   contract                     sender                      receiver
+ *   agent-sessions.ts            environment server          agent server
+ *   resources-sessions.ts        environment server          resources server
+ *   run.ts (/run, legacy rows)   collector                   environment and agent servers
+ *   chat.ts                      policy model server         its backend worker (the fake)
+ *
+ * The control bodies are `control/schemas.ts`; the capture wire (admission, coordinates, cut
+ * receipts) is `capture/wire.ts`, with `rootCaptureAdmission`.
+ */
 export {
   type AgentCloseRequest,
   type AgentSeedReply,
