@@ -84,16 +84,23 @@ export const EPISODE_ID_SCHEMA = {
   reason: 'must be an object with rollout_id and attempt',
 } as const;
 
-/** `/tool_accesses/0/name` under `prefix` → `prefix.tool_accesses[0].name`. */
-function fieldPath(prefix: string, pointer: string, child?: string): string {
+/** `/episode_ids/0/rollout_id` → `episode_ids[0].rollout_id` (then `child`); '' for the root. */
+export function jsonPointerPath(pointer: string, child?: string): string {
   const parts = pointer
     .split('/')
     .slice(1)
     .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
   if (child !== undefined) parts.push(child);
-  let path = prefix;
+  let path = '';
   for (const part of parts) path += /^\d+$/.test(part) ? `[${part}]` : path ? `.${part}` : part;
-  return path || 'body';
+  return path;
+}
+
+/** The field at `pointer` under `prefix` (`seed_session.task_id`); the body itself is `body`. */
+function fieldPath(prefix: string, pointer: string, child?: string): string {
+  const path = jsonPointerPath(pointer, child);
+  if (!prefix || !path) return prefix || path || 'body';
+  return path.startsWith('[') ? `${prefix}${path}` : `${prefix}.${path}`;
 }
 
 interface Annotated {
