@@ -3,11 +3,7 @@
  * activation again after a restore sends its 1-based index, so the agent can answer a completed
  * activation with its stored reply instead of running the loop twice.
  */
-import {
-  ActivationOutOfOrderError,
-  AGENT_ACTIVATION_HEADER,
-  CheckpointError,
-} from '@ckpt-gym/core';
+import { ActivationOutOfOrderError, CheckpointError } from '@ckpt-gym/core';
 
 /** What the session holds that the rules look at. */
 export interface ActivationView {
@@ -27,16 +23,8 @@ export type ActivationDecision =
   /** The activation is still running: wait for it to end, then decide again. */
   | { kind: 'wait' };
 
-/** Parses the header; anything but a positive integer is `activation_out_of_order`. */
-export function parseActivationHeader(value: string | undefined): number | null {
-  if (value === undefined) return null;
-  if (!/^[1-9][0-9]*$/.test(value.trim()) || !Number.isSafeInteger(Number(value.trim()))) {
-    throw new ActivationOutOfOrderError(
-      `${AGENT_ACTIVATION_HEADER} must be a positive integer, got '${value}'`,
-    );
-  }
-  return Number(value.trim());
-}
+// The header is part of the agent session wire contract, in core.
+export { parseActivationHeader } from '@ckpt-gym/core';
 
 export function decideActivation(view: ActivationView, index: number | null): ActivationDecision {
   if (index === null) {

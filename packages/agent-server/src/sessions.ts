@@ -6,46 +6,34 @@
 import { createHmac, timingSafeEqual } from 'node:crypto';
 
 import {
+  type AgentSeedRequest,
   CheckpointError,
+  type CloseReceipt,
   type EpisodeId,
-  episodeIdFromJson,
   encodeJson,
   InvalidRequestError,
+  isSessionId,
   type JsonObject,
-  type JsonValue,
+  SESSION_ID_REASON,
+} from '@ckpt-gym/core';
+
+// The seed and close contracts live in core's wire module, shared with the environment server.
+export {
+  type AgentSeedRequest,
+  type CloseReceipt,
+  type DirectHttpToolAccess,
+  parseDirectHttpGrant as parseDirectHttpAccess,
+  MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS,
+  parseAgentSeedRequest as parseSeedRequest,
 } from '@ckpt-gym/core';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
 export const DEFAULT_CLOSE_RETRY_WINDOW_SECONDS = 300;
 
-/** A tool grant for direct HTTP calls (the resources server, usually under a rollout prefix). */
-export interface DirectHttpToolAccess {
-  kind: 'direct_http';
-  name: string;
-  required: boolean;
-  base_url: string;
-  cookies: Record<string, string>;
-  headers: Record<string, string>;
-}
-
-export interface AgentSeedRequest {
-  agent_session_id: string;
-  episode_id: EpisodeId;
-  task_id: JsonValue;
-  tool_accesses: JsonObject[];
-  sandbox_access: JsonObject | null;
-}
-
 /** A completed activation's reply, kept as the objects it was sent as (no copy, no encoding). */
 export interface StoredReply {
   response: JsonObject;
   cookies: Record<string, string>;
-}
-
-export interface CloseReceipt {
-  agent_session_id: string;
-  agent_observations: JsonValue;
-  resources_cookies: Record<string, string> | null;
 }
 
 /** One seeded session: what the framework needs (activation counts, the kept reply) plus the agent's own state. */
@@ -66,114 +54,15 @@ export interface AgentSessionEntry<S = unknown> {
   state: S;
 }
 
-const SEED_KEYS = ['agent_session_id', 'episode_id', 'task_id', 'tool_accesses', 'sandbox_access'];
-
 /**
- * The longest `agent_session_id`: its signed cookie must fit in a reply header a client can read
- * (node refuses headers over 16 kB in all; browsers a cookie over 4 kB).
- */
-export const MAX_AGENT_SESSION_ID_CHARS = 256;
-/** With the `u` flag a lone surrogate is a code point of its own (category Cs); a pair is not. */
-const LONE_SURROGATE = /\p{Cs}/u;
-
-/**
- * Reads an `agent_session_id`: a non-empty string of well-formed Unicode (a lone surrogate has no
- * UTF-8 form, so no cookie could carry it) of at most MAX_AGENT_SESSION_ID_CHARS; 422 otherwise.
+ * Reads an `agent_session_id` (a close names one): a session id as `isSessionId` says; 422
+ * otherwise.
  */
 export function parseAgentSessionId(value: unknown): string {
-  if (
-    typeof value !== 'string' ||
-    value.length === 0 ||
-    value.length > MAX_AGENT_SESSION_ID_CHARS ||
-    LONE_SURROGATE.test(value)
-  ) {
-    throw new InvalidRequestError(
-      `agent_session_id: must be a non-empty string of at most ${MAX_AGENT_SESSION_ID_CHARS} characters, without lone surrogates`,
-    );
+  if (typeof value !== 'string' || !isSessionId(value)) {
+    throw new InvalidRequestError(`agent_session_id: ${SESSION_ID_REASON}`);
   }
   return value;
-}
-
-function isObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-/** Validates a seed body (extra fields refused, tool access names unique); 422 `invalid_request`. */
-export function parseSeedRequest(body: unknown): AgentSeedRequest {
-  if (!isObject(body)) throw new InvalidRequestError('body: must be a JSON object');
-  const extra = Object.keys(body).filter((k) => !SEED_KEYS.includes(k));
-  if (extra.length > 0) throw new InvalidRequestError(`body: unknown keys ${extra.join(', ')}`);
-  const id = parseAgentSessionId(body.agent_session_id);
-  const episode = episodeIdFromJson(body.episode_id);
-  const accesses = body.tool_accesses ?? [];
-  if (!Array.isArray(accesses) || !accesses.every(isObject)) {
-    throw new InvalidRequestError('tool_accesses: must be a list of objects');
-  }
-  const names = new Set<string>();
-  for (const [i, access] of accesses.entries()) {
-    if (typeof access.name !== 'string' || typeof access.kind !== 'string') {
-      throw new InvalidRequestError(`tool_accesses[${i}]: needs string kind and name`);
-    }
-    if (names.has(access.name)) {
-      throw new InvalidRequestError(`tool_accesses[${i}]: name ${access.name} is not unique`);
-    }
-    names.add(access.name);
-  }
-  const sandbox = body.sandbox_access ?? null;
-  if (sandbox !== null && !isObject(sandbox)) {
-    throw new InvalidRequestError('sandbox_access: must be an object or null');
-  }
-  return {
-    agent_session_id: id,
-    episode_id: episode,
-    task_id: (body.task_id ?? null) as JsonValue,
-    tool_accesses: accesses as JsonObject[],
-    sandbox_access: sandbox as JsonObject | null,
-  };
-}
-
-/** An HTTP token: what a header or cookie name may be. */
-const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
-/** What node lets into a header value; a cookie value may not hold `;` besides. */
-const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]*$/;
-const COOKIE_VALUE = /^[\t\x20-\x3a\x3c-\x7e\x80-\xff]*$/;
-
-/** True for an object of `name: value` strings that are valid on the wire as such. */
-function sendable(value: unknown, valuePattern: RegExp): boolean {
-  return (
-    isObject(value) &&
-    Object.entries(value).every(
-      ([name, v]) => TOKEN.test(name) && typeof v === 'string' && valuePattern.test(v),
-    )
-  );
-}
-
-function isHttpUrl(value: unknown): value is string {
-  return typeof value === 'string' && /^https?:\/\//.test(value) && URL.canParse(value);
-}
-
-/**
- * Reads a direct HTTP grant; anything malformed is 422 `invalid_request`, also cookies and headers
- * that could not be sent as such (the tool call would fail on its way, a 502 of ours).
- */
-export function parseDirectHttpAccess(access: JsonObject): DirectHttpToolAccess {
-  const { name, base_url, cookies = {}, headers = {}, required = false } = access;
-  if (!isHttpUrl(base_url)) {
-    throw new InvalidRequestError(`tool access ${String(name)}: base_url must be an http(s) URL`);
-  }
-  if (!sendable(cookies, COOKIE_VALUE) || !sendable(headers, HEADER_VALUE)) {
-    throw new InvalidRequestError(
-      `tool access ${String(name)}: cookies and headers must map HTTP token names to strings valid in a header`,
-    );
-  }
-  return {
-    kind: 'direct_http',
-    name: String(name),
-    required: required === true,
-    base_url,
-    cookies: cookies as Record<string, string>,
-    headers: headers as Record<string, string>,
-  };
 }
 
 const NO_ITEMS: readonly never[] = [];

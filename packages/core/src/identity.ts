@@ -81,17 +81,24 @@ export function episodeId(rolloutId: string, attempt = 0): EpisodeId {
  * request body carries it. A bad value is 422 `invalid_request` naming `path`.
  */
 export function episodeIdFromJson(value: unknown, path = 'episode_id'): EpisodeId {
+  const problem = episodeIdProblem(value);
+  if (problem) throw new InvalidRequestError(`${path}: ${problem}`);
+  const { rollout_id, attempt = 0 } = value as { rollout_id: string; attempt?: number };
+  return { rollout_id, attempt };
+}
+
+/** What is wrong with an episode id's JSON form (as `episodeIdFromJson` reads it); undefined if nothing. */
+export function episodeIdProblem(value: unknown): string | undefined {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    throw new InvalidRequestError(`${path}: must be an object with rollout_id and attempt`);
+    return 'must be an object with rollout_id and attempt';
   }
   const { rollout_id, attempt = 0, ...extra } = value as Record<string, unknown>;
   const unknownKeys = Object.keys(extra);
-  const problem =
+  return (
     (unknownKeys.length > 0 ? `unknown keys ${unknownKeys.join(', ')}` : undefined) ??
     rolloutIdProblem(rollout_id) ??
-    attemptProblem(attempt);
-  if (problem) throw new InvalidRequestError(`${path}: ${problem}`);
-  return { rollout_id: rollout_id as string, attempt: attempt as number };
+    attemptProblem(attempt)
+  );
 }
 
 /** The JSON form written to records and control bodies: `rollout_id` first, then `attempt`. */

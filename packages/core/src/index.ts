@@ -19,3 +19,4 @@ export * from './server.js';
 export * from './capture/index.js';
 export * from './headers.js';
 export { checkChatMessages } from './openai.js';
+export * from './wire/index.js';

@@ -1,38 +1,34 @@
 /**
  * The episode protocol every environment server speaks: `POST /run` with
  * `{episode_id, task: {task_id: {taskset, task_id}, task_input}}` answers
- * `{episode_id, task_id, result | failure}`. This module holds its pure parts (request validation,
- * reply shapes, failure classification), queue admission and the LIFO cleanup stack.
+ * `{episode_id, task_id, result | failure}`. This module holds its pure parts (reply shapes, failure
+ * classification; the request's shape is core's `parseEpisodeRequest`), queue admission and the
+ * LIFO cleanup stack.
  */
 import {
   type Boundary,
   type BoundaryInput,
   type EpisodeId,
-  episodeIdFromJson,
+  type EpisodeRequest,
   episodeIdToJson,
-  InvalidRequestError,
   type JsonObject,
   type JsonValue,
   type Logger,
   type StepMode,
+  type Task,
+  type TaskId,
+} from '@ckpt-gym/core';
+
+// The `/run` and `/aggregate_metrics` bodies are core's wire contract, shared with the collector.
+export {
+  type EpisodeRequest,
+  parseAggregateMetricsRequest,
+  parseEpisodeRequest,
+  type Task,
+  type TaskId,
 } from '@ckpt-gym/core';
 
 export const MAX_FAILURE_REASON_CHARS = 2000;
-
-export interface TaskId {
-  readonly taskset: string;
-  readonly task_id: string;
-}
-
-export interface Task {
-  readonly task_id: TaskId;
-  readonly task_input: JsonObject;
-}
-
-export interface EpisodeRequest {
-  readonly episode_id: EpisodeId;
-  readonly task: Task;
-}
 
 /** Where an episode failed; `admission` is the queue, the others name protocol stages. */
 export type FailureStage = 'admission' | 'seed' | 'agent' | 'verification' | 'cleanup';
@@ -51,61 +47,6 @@ export interface EpisodeReply {
   task_id: TaskId;
   result: JsonObject | null;
   failure: EpisodeFailure | null;
-}
-
-function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-function onlyKeys(value: Record<string, unknown>, allowed: readonly string[], path: string): void {
-  const extra = Object.keys(value).filter((k) => !allowed.includes(k));
-  if (extra.length > 0) throw new InvalidRequestError(`${path}: unknown keys ${extra.join(', ')}`);
-}
-
-function nonEmptyString(value: unknown, path: string): string {
-  if (typeof value !== 'string' || value.length === 0) {
-    throw new InvalidRequestError(`${path}: must be a non-empty string`);
-  }
-  return value;
-}
-
-export function parseTaskId(value: unknown, path = 'task.task_id'): TaskId {
-  if (!isPlainObject(value)) throw new InvalidRequestError(`${path}: must be an object`);
-  onlyKeys(value, ['taskset', 'task_id'], path);
-  return {
-    taskset: nonEmptyString(value.taskset, `${path}.taskset`),
-    task_id: nonEmptyString(value.task_id, `${path}.task_id`),
-  };
-}
-
-/** Validates a `/run` body (extra keys forbidden); a bad body is 422 `invalid_request`. */
-export function parseEpisodeRequest(body: unknown): EpisodeRequest {
-  if (!isPlainObject(body)) throw new InvalidRequestError('body: must be a JSON object');
-  onlyKeys(body, ['episode_id', 'task'], 'body');
-  const episode = episodeIdFromJson(body.episode_id);
-  const task = body.task;
-  if (!isPlainObject(task)) throw new InvalidRequestError('task: must be an object');
-  onlyKeys(task, ['task_id', 'task_input'], 'task');
-  if (!isPlainObject(task.task_input)) {
-    throw new InvalidRequestError('task.task_input: must be an object');
-  }
-  return {
-    episode_id: episode,
-    task: { task_id: parseTaskId(task.task_id), task_input: task.task_input as JsonObject },
-  };
-}
-
-/**
- * Validates an `/aggregate_metrics` body (`AggregateMetricsRequest`): an object whose
- * `verify_responses`, when given, lists objects. Other keys are forwarded unchanged.
- */
-export function parseAggregateMetricsRequest(body: unknown): JsonObject {
-  if (!isPlainObject(body)) throw new InvalidRequestError('body: must be a JSON object');
-  const responses = body.verify_responses;
-  if (responses !== undefined && !(Array.isArray(responses) && responses.every(isPlainObject))) {
-    throw new InvalidRequestError('verify_responses: must be a list of objects');
-  }
-  return body as JsonObject;
 }
 
 /** The task as JSON, what the task digest covers. */

@@ -13,20 +13,27 @@
 import { randomUUID } from 'node:crypto';
 
 import {
-  AGENT_ACTIVATION_HEADER,
+  activationHeader,
+  type AgentCloseRequest,
+  type AgentSeedRequest,
   type Boundary,
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
   decodeJson,
+  type DirectHttpGrant,
   encodeJson,
   episodeIdToJson,
   errorFromBody,
   type JsonObject,
   type JsonValue,
   type Logger,
+  type McpGrant,
+  type NativeCloseRequest,
+  type NativeSeedRequest,
   postUpstream,
   type StepMode,
+  type ToolAccess,
   UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core';
@@ -37,6 +44,7 @@ import {
   type EnvironmentProtocol,
   type EpisodeRequest,
   type EpisodeWork,
+  type FailureStage,
   HandledEpisodeError,
   stageFailure,
 } from './protocol.js';
@@ -174,6 +182,59 @@ interface AgentCloseReply {
   resourcesCookies: Cookies | null;
 }
 
+/** What a run carries from stage to stage; a restored boundary starts it at its recorded stage. */
+interface TurnState {
+  stage: Stage;
+  /** Replaced, never mutated: a boundary builder may read the handles of an earlier snapshot. */
+  handles: SessionHandles;
+  response: JsonValue;
+  observations: JsonValue;
+  result: JsonObject | null;
+}
+
+/** One episode's run: its state, and the cleanups that close the sessions it opened. */
+interface Turn {
+  readonly request: EpisodeRequest;
+  readonly work: EpisodeWork;
+  readonly state: TurnState;
+  readonly resourcesCleanup: CleanupHandle;
+  agentCleanup: CleanupHandle | null;
+  /** The agent's close reply, once a close succeeded. */
+  agentClose: AgentCloseReply | null;
+}
+
+function stateFromBoundary(continuation: Boundary): TurnState {
+  const next = continuation.next;
+  return {
+    stage: STAGES.includes(next as Stage) ? (next as Stage) : 'seed',
+    handles: handlesFromJson(continuation.handles) ?? newHandles(),
+    response: continuation.response ?? null,
+    observations: continuation.observations ?? null,
+    result: isObject(continuation.result) ? continuation.result : null,
+  };
+}
+
+/** The boundary a stage starts with: what that stage and the ones after it need. */
+function boundaryOf(at: TurnState): Boundary {
+  const base = { next: at.stage, handles: handlesJson(at.handles) };
+  switch (at.stage) {
+    case 'seed':
+    case 'invoke_agent':
+      return base;
+    case 'close_agent':
+      return { ...base, response: at.response };
+    case 'verify':
+      return { ...base, response: at.response, observations: at.observations };
+    case 'return':
+      return { ...base, result: at.result ?? {}, observations: at.observations };
+  }
+}
+
+/** The object a reply carries, or an empty one (a reply for another session is then refused). */
+function replyObject(reply: Reply): JsonObject {
+  return isObject(reply.body) ? reply.body : {};
+}
+
 export class SingleAgentTurn implements EnvironmentProtocol {
   readonly checkpointBoundaries = true;
   private readonly transports: readonly ToolTransport[];
@@ -203,12 +264,12 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     return reply;
   }
 
-  /** POSTs JSON under the episode's rollout prefix; never re-sent with checkpointing on. */
+  /** POSTs a JSON body under the episode's rollout prefix; never re-sent with checkpointing on. */
   private async post(
     base: string,
     key: string,
     path: string,
-    body: JsonValue,
+    body: unknown,
     opts: { cookies?: Cookies; headers?: Record<string, string>; signal: AbortSignal },
   ): Promise<Reply> {
     const headers: Record<string, string> = {
@@ -237,308 +298,318 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     };
   }
 
-  async run(request: EpisodeRequest, work: EpisodeWork): Promise<JsonObject> {
-    const continuation: Boundary = work.continuation() ?? {};
-    const next = continuation.next;
-    let stage: Stage = STAGES.includes(next as Stage) ? (next as Stage) : 'seed';
-    let handles = handlesFromJson(continuation.handles) ?? newHandles();
-    let response: JsonValue = continuation.response ?? null;
-    let observations: JsonValue = continuation.observations ?? null;
-    let result: JsonObject | null = isObject(continuation.result) ? continuation.result : null;
-    const key = work.key;
-    const { agentUrl, resourcesUrl } = this.options;
-
-    // First, so a lost seed reply cannot hide the caller-assigned session id.
-    const resourcesCleanup = work.cleanup.push('resources session', (signal) =>
-      this.post(
-        resourcesUrl,
-        key,
-        '/close_session',
-        {
-          resources_session_id: handles.resources_session_id,
-          episode_id: episodeIdToJson(work.episode),
-        },
-        { cookies: handles.resources_cookies, signal },
-      ).then(() => undefined),
-    );
-    let agentClose: AgentCloseReply | null = null;
-    const registerAgentCleanup = (): CleanupHandle =>
-      work.cleanup.push('agent session', async (signal) => {
-        const reply = await this.post(
-          agentUrl,
-          key,
-          '/v1/agent_sessions/close',
-          { agent_session_id: handles.agent_session_id, episode_id: episodeIdToJson(work.episode) },
-          { cookies: handles.agent_cookies, signal },
-        );
-        const body = isObject(reply.body) ? reply.body : {};
-        if (body.agent_session_id !== handles.agent_session_id) {
-          throw new BadReplyError('agent close replied for another agent_session_id');
-        }
-        agentClose = {
-          observations: body.agent_observations ?? null,
-          resourcesCookies: isObject(body.resources_cookies)
-            ? cookiesFrom(body.resources_cookies)
-            : null,
-        };
-      });
-    let agentCleanup: CleanupHandle | null =
-      stage === 'invoke_agent' || stage === 'close_agent' ? registerAgentCleanup() : null;
-
-    if (stage === 'seed') {
-      const seedHandles = handles;
-      await work.boundary(() => ({ next: 'seed', handles: handlesJson(seedHandles) }));
-      await work.step('replay', () =>
-        this.seed(request, work, seedHandles, {
-          // Kept as they arrive, so cleanup closes whatever a failed seed established.
-          update: (seeded) => {
-            handles = seeded;
-          },
-          agentCleanupDue: () => {
-            agentCleanup = registerAgentCleanup();
-          },
-        }),
-      );
-      stage = 'invoke_agent';
+  /** Runs `call`; its failure fails the episode at `stage`, unless the episode was aborted. */
+  private async failingAs<T>(
+    turn: Turn,
+    stage: FailureStage,
+    what: string,
+    call: () => Promise<T>,
+    extra?: Record<string, JsonValue>,
+  ): Promise<T> {
+    try {
+      return await call();
+    } catch (err) {
+      if (turn.work.signal.aborted) throw err;
+      throw stageFailure(stage, what, err, extra);
     }
-
-    if (stage === 'invoke_agent') {
-      const invokeHandles = handles;
-      await work.boundary(() => ({ next: 'invoke_agent', handles: handlesJson(invokeHandles) }));
-      try {
-        const activated = await work.step('replay', () =>
-          this.activate(request, work, invokeHandles),
-        );
-        response = activated.response;
-        handles = activated.handles;
-      } catch (err) {
-        if (work.signal.aborted || !(err instanceof HandledEpisodeError)) throw err;
-        // Keep the agent's observations: close its session now (the failed replay step has
-        // already waited for resume if a checkpoint was open).
-        const failure = { ...err.failure };
-        try {
-          await agentCleanup?.close();
-          failure.ng_agent_observations =
-            (agentClose as AgentCloseReply | null)?.observations ?? null;
-        } catch (closeErr) {
-          this.options.logger?.warn('closing the agent session after a failed activation failed', {
-            episode: key,
-            error: closeErr instanceof Error ? closeErr.message : String(closeErr),
-          });
-        }
-        throw new HandledEpisodeError(failure, { cause: err });
-      }
-      stage = 'close_agent';
-    }
-
-    if (stage === 'close_agent') {
-      const closeHandles = handles;
-      const closeResponse = response;
-      await work.boundary(() => ({
-        next: 'close_agent',
-        handles: handlesJson(closeHandles),
-        response: closeResponse,
-      }));
-      const closing = agentCleanup ?? registerAgentCleanup();
-      try {
-        await work.step('wait', () => closing.close(work.signal));
-      } catch (err) {
-        if (work.signal.aborted) throw err;
-        throw stageFailure('cleanup', 'Closing the agent session', err, {
-          partial_response: closeResponse,
-        });
-      }
-      const closed = agentClose as AgentCloseReply | null;
-      observations = closed?.observations ?? null;
-      if (closed?.resourcesCookies) {
-        handles = { ...handles, resources_cookies: closed.resourcesCookies };
-      }
-      stage = 'verify';
-    }
-
-    if (stage === 'verify') {
-      const verifyHandles = handles;
-      const verifyResponse = response;
-      const verifyObservations = observations;
-      await work.boundary(() => ({
-        next: 'verify',
-        handles: handlesJson(verifyHandles),
-        response: verifyResponse,
-        observations: verifyObservations,
-      }));
-      const mode = verifyHandles.resources_verify;
-      try {
-        result = await work.step(mode, async () => {
-          const reply = await this.post(
-            resourcesUrl,
-            key,
-            '/verify',
-            verifyBody(request.task.task_input, verifyResponse),
-            {
-              cookies: verifyHandles.resources_cookies,
-              // The resources session stays exported until the close this episode sends.
-              ...(mode === 'replay' ? { headers: { [CHECKPOINT_CLOSE_FOLLOWS_HEADER]: '1' } } : {}),
-              signal: work.signal,
-            },
-          );
-          if (!isObject(reply.body))
-            throw new BadReplyError('/verify did not reply with an object');
-          return reply.body;
-        });
-      } catch (err) {
-        if (work.signal.aborted) throw err;
-        throw stageFailure('verification', 'Verification', err, {
-          partial_response: verifyResponse,
-        });
-      }
-      // One more bounded close that cannot erase the verdict.
-      work.cleanup.push('post-verification resources session', (signal) =>
-        resourcesCleanup.close(signal),
-      );
-      stage = 'return';
-    }
-
-    const returnHandles = handles;
-    const returnResult = result ?? {};
-    const returnObservations = observations;
-    await work.boundary(() => ({
-      next: 'return',
-      handles: handlesJson(returnHandles),
-      result: returnResult,
-      observations: returnObservations,
-    }));
-    return { ...returnResult, ng_agent_observations: returnObservations };
   }
 
-  /** Seeds the resources session, then the agent session with its tool accesses. */
-  private async seed(
-    request: EpisodeRequest,
-    work: EpisodeWork,
-    start: SessionHandles,
-    hooks: { update: (handles: SessionHandles) => void; agentCleanupDue: () => void },
-  ): Promise<void> {
-    const { agentUrl, resourcesUrl, resourcesName } = this.options;
-    const episode = episodeIdToJson(work.episode);
-    const taskId = { ...request.task.task_id };
-    const taskInput = request.task.task_input;
-    let handles = start;
-    let restart = false;
-    let sandboxAccess: JsonValue = null;
-    let resourcesTools: JsonValue = null;
-    try {
+  async run(request: EpisodeRequest, work: EpisodeWork): Promise<JsonObject> {
+    const turn = this.begin(request, work);
+    if (turn.state.stage === 'seed') await this.seedStage(turn);
+    if (turn.state.stage === 'invoke_agent') await this.invokeStage(turn);
+    if (turn.state.stage === 'close_agent') await this.closeStage(turn);
+    if (turn.state.stage === 'verify') await this.verifyStage(turn);
+    const at = await this.enter(turn);
+    return { ...(at.result ?? {}), ng_agent_observations: at.observations };
+  }
+
+  /** The run's state at its continuation, with the cleanups of the sessions it may hold. */
+  private begin(request: EpisodeRequest, work: EpisodeWork): Turn {
+    const state = stateFromBoundary(work.continuation() ?? {});
+    // First, so a lost seed reply cannot hide the caller-assigned session id.
+    const resourcesCleanup = work.cleanup.push('resources session', (signal) => {
+      const close: NativeCloseRequest = {
+        resources_session_id: state.handles.resources_session_id,
+        episode_id: episodeIdToJson(work.episode),
+      };
+      return this.post(this.options.resourcesUrl, work.key, '/close_session', close, {
+        cookies: state.handles.resources_cookies,
+        signal,
+      }).then(() => undefined);
+    });
+    const turn: Turn = {
+      request,
+      work,
+      state,
+      resourcesCleanup,
+      agentCleanup: null,
+      agentClose: null,
+    };
+    if (state.stage === 'invoke_agent' || state.stage === 'close_agent') {
+      turn.agentCleanup = this.registerAgentCleanup(turn);
+    }
+    return turn;
+  }
+
+  /** Pushes the agent session's close, which keeps the agent's reply in `turn.agentClose`. */
+  private registerAgentCleanup(turn: Turn): CleanupHandle {
+    const { work, state } = turn;
+    return work.cleanup.push('agent session', async (signal) => {
+      const close: AgentCloseRequest = {
+        agent_session_id: state.handles.agent_session_id,
+        episode_id: episodeIdToJson(work.episode),
+      };
       const reply = await this.post(
-        resourcesUrl,
+        this.options.agentUrl,
         work.key,
-        '/seed_session',
-        {
-          resources_session_id: handles.resources_session_id,
-          episode_id: episode,
-          task_id: taskId,
-          task_data: isObject(taskInput.task_data) ? taskInput.task_data : {},
-        },
-        { signal: work.signal },
+        '/v1/agent_sessions/close',
+        close,
+        { cookies: state.handles.agent_cookies, signal },
       );
-      if (Object.keys(reply.cookies).length === 0) {
-        throw new BadReplyError('Resources seed did not establish a session cookie');
+      const body = replyObject(reply);
+      if (body.agent_session_id !== state.handles.agent_session_id) {
+        throw new BadReplyError('agent close replied for another agent_session_id');
       }
-      const body = isObject(reply.body) ? reply.body : {};
-      if (body.resources_session_id !== handles.resources_session_id) {
-        throw new BadReplyError('Resources seed replied for another resources_session_id');
-      }
-      sandboxAccess = body.sandbox_access ?? null;
-      resourcesTools = body.resources_tools ?? null;
-      handles = {
-        ...handles,
+      turn.agentClose = {
+        observations: body.agent_observations ?? null,
+        resourcesCookies: isObject(body.resources_cookies)
+          ? cookiesFrom(body.resources_cookies)
+          : null,
+      };
+    });
+  }
+
+  /**
+   * Records the boundary the current stage starts with (a checkpoint parks the episode here) and
+   * returns the state it records: a builder runs later, so it reads this snapshot, never the state.
+   */
+  private async enter(turn: Turn): Promise<TurnState> {
+    const at = { ...turn.state };
+    await turn.work.boundary(() => boundaryOf(at));
+    return at;
+  }
+
+  private async seedStage(turn: Turn): Promise<void> {
+    const at = await this.enter(turn);
+    await turn.work.step('replay', () => this.seed(turn, at.handles));
+    turn.state.stage = 'invoke_agent';
+  }
+
+  private async invokeStage(turn: Turn): Promise<void> {
+    const at = await this.enter(turn);
+    try {
+      const activated = await turn.work.step('replay', () => this.activate(turn, at.handles));
+      turn.state.response = activated.response;
+      turn.state.handles = activated.handles;
+    } catch (err) {
+      if (turn.work.signal.aborted || !(err instanceof HandledEpisodeError)) throw err;
+      throw await this.failedActivation(turn, err);
+    }
+    turn.state.stage = 'close_agent';
+  }
+
+  /**
+   * A failed activation keeps the agent's observations: its session is closed now (the failed
+   * replay step has already waited for resume if a checkpoint was open).
+   */
+  private async failedActivation(
+    turn: Turn,
+    err: HandledEpisodeError,
+  ): Promise<HandledEpisodeError> {
+    const failure = { ...err.failure };
+    try {
+      await turn.agentCleanup?.close();
+      failure.ng_agent_observations = turn.agentClose?.observations ?? null;
+    } catch (closeErr) {
+      this.options.logger?.warn('closing the agent session after a failed activation failed', {
+        episode: turn.work.key,
+        error: closeErr instanceof Error ? closeErr.message : String(closeErr),
+      });
+    }
+    return new HandledEpisodeError(failure, { cause: err });
+  }
+
+  private async closeStage(turn: Turn): Promise<void> {
+    const at = await this.enter(turn);
+    const closing = turn.agentCleanup ?? this.registerAgentCleanup(turn);
+    await this.failingAs(
+      turn,
+      'cleanup',
+      'Closing the agent session',
+      () => turn.work.step('wait', () => closing.close(turn.work.signal)),
+      { partial_response: at.response },
+    );
+    const closed = turn.agentClose;
+    turn.state.observations = closed?.observations ?? null;
+    if (closed?.resourcesCookies) {
+      turn.state.handles = { ...turn.state.handles, resources_cookies: closed.resourcesCookies };
+    }
+    turn.state.stage = 'verify';
+  }
+
+  private async verifyStage(turn: Turn): Promise<void> {
+    const at = await this.enter(turn);
+    const mode = at.handles.resources_verify;
+    turn.state.result = await this.failingAs(
+      turn,
+      'verification',
+      'Verification',
+      () => turn.work.step(mode, () => this.verify(turn, at, mode)),
+      { partial_response: at.response },
+    );
+    // One more bounded close that cannot erase the verdict.
+    turn.work.cleanup.push('post-verification resources session', (signal) =>
+      turn.resourcesCleanup.close(signal),
+    );
+    turn.state.stage = 'return';
+  }
+
+  private async verify(turn: Turn, at: TurnState, mode: StepMode): Promise<JsonObject> {
+    const reply = await this.post(
+      this.options.resourcesUrl,
+      turn.work.key,
+      '/verify',
+      verifyBody(turn.request.task.task_input, at.response),
+      {
+        cookies: at.handles.resources_cookies,
+        // The resources session stays exported until the close this episode sends.
+        ...(mode === 'replay' ? { headers: { [CHECKPOINT_CLOSE_FOLLOWS_HEADER]: '1' } } : {}),
+        signal: turn.work.signal,
+      },
+    );
+    if (!isObject(reply.body)) throw new BadReplyError('/verify did not reply with an object');
+    return reply.body;
+  }
+
+  /**
+   * Seeds the resources session, then the agent session with its tool accesses. The handles are
+   * kept as they arrive, so cleanup closes whatever a failed seed established.
+   */
+  private async seed(turn: Turn, start: SessionHandles): Promise<void> {
+    const resources = await this.failingAs(turn, 'seed', 'Seeding the resources session', () =>
+      this.seedResources(turn, start),
+    );
+    turn.state.handles = resources.handles;
+    const grants = this.toolAccesses(turn, resources.handles, resources.tools);
+    turn.agentCleanup = this.registerAgentCleanup(turn);
+    const seed: AgentSeedRequest = {
+      agent_session_id: resources.handles.agent_session_id,
+      episode_id: episodeIdToJson(turn.work.episode),
+      task_id: { ...turn.request.task.task_id },
+      tool_accesses: grants.accesses,
+      // Forwarded as the resources server sent it: the agent's seed check refuses a bad one.
+      sandbox_access: resources.sandboxAccess as JsonObject | null,
+    };
+    const agent = await this.failingAs(turn, 'agent', 'Seeding the agent session', () =>
+      this.seedAgent(turn, seed),
+    );
+    turn.state.handles = { ...resources.handles, agent_cookies: agent.cookies };
+    if (resources.restart || grants.restart || agent.restart) await turn.work.markRestart();
+  }
+
+  private async seedResources(turn: Turn, start: SessionHandles) {
+    const { request, work } = turn;
+    const taskInput = request.task.task_input;
+    const seed: NativeSeedRequest = {
+      resources_session_id: start.resources_session_id,
+      episode_id: episodeIdToJson(work.episode),
+      task_id: { ...request.task.task_id },
+      task_data: isObject(taskInput.task_data) ? taskInput.task_data : {},
+    };
+    const reply = await this.post(this.options.resourcesUrl, work.key, '/seed_session', seed, {
+      signal: work.signal,
+    });
+    if (Object.keys(reply.cookies).length === 0) {
+      throw new BadReplyError('Resources seed did not establish a session cookie');
+    }
+    const body = replyObject(reply);
+    if (body.resources_session_id !== start.resources_session_id) {
+      throw new BadReplyError('Resources seed replied for another resources_session_id');
+    }
+    return {
+      handles: {
+        ...start,
         resources_cookies: reply.cookies,
         resources_verify: verifyModeFromHeader(reply.headers[CHECKPOINT_VERIFY_HEADER]),
-      };
-      hooks.update(handles);
-      restart ||= headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1');
-    } catch (err) {
-      if (work.signal.aborted) throw err;
-      throw stageFailure('seed', 'Seeding the resources session', err);
-    }
+      },
+      sandboxAccess: body.sandbox_access ?? null,
+      tools: body.resources_tools ?? null,
+      restart: headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1'),
+    };
+  }
 
-    const toolAccesses: JsonValue[] = [];
+  /** The agent's tool grants, one per transport; MCP calls cannot be captured (a restart). */
+  private toolAccesses(
+    turn: Turn,
+    handles: SessionHandles,
+    resourcesTools: JsonValue,
+  ): { accesses: ToolAccess[]; restart: boolean } {
+    const { resourcesUrl, resourcesName, checkpointing } = this.options;
+    const accesses: ToolAccess[] = [];
+    let restart = false;
     for (const transport of this.transports) {
       if (transport === 'direct_http') {
-        toolAccesses.push({
+        const grant: DirectHttpGrant = {
           kind: 'direct_http',
           name: `${resourcesName}.direct_http`,
           required: true,
           // With checkpointing on, tool calls name the attempt that seeded the session.
-          base_url: this.options.checkpointing
-            ? withRolloutPrefix(resourcesUrl, work.key)
-            : resourcesUrl,
+          base_url: checkpointing ? withRolloutPrefix(resourcesUrl, turn.work.key) : resourcesUrl,
           cookies: { ...handles.resources_cookies },
-        });
+        };
+        accesses.push(grant);
       } else {
-        toolAccesses.push(mcpAccess(resourcesTools, resourcesUrl));
+        accesses.push(mcpAccess(resourcesTools, resourcesUrl));
         // MCP tool calls cannot be captured: the episode starts over after a crash.
         restart = true;
       }
     }
+    return { accesses, restart };
+  }
 
-    hooks.agentCleanupDue();
-    try {
-      const reply = await this.post(
-        agentUrl,
-        work.key,
-        '/v1/agent_sessions',
-        {
-          agent_session_id: handles.agent_session_id,
-          episode_id: episode,
-          task_id: taskId,
-          tool_accesses: toolAccesses,
-          sandbox_access: sandboxAccess,
-        },
-        { signal: work.signal },
-      );
-      const body = isObject(reply.body) ? reply.body : {};
-      if (body.agent_session_id !== handles.agent_session_id) {
-        throw new BadReplyError('Agent seed replied for another agent_session_id');
-      }
-      handles = { ...handles, agent_cookies: reply.cookies };
-      hooks.update(handles);
-      restart ||= headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1');
-    } catch (err) {
-      if (work.signal.aborted) throw err;
-      throw stageFailure('agent', 'Seeding the agent session', err);
+  private async seedAgent(turn: Turn, seed: AgentSeedRequest) {
+    const reply = await this.post(
+      this.options.agentUrl,
+      turn.work.key,
+      '/v1/agent_sessions',
+      seed,
+      {
+        signal: turn.work.signal,
+      },
+    );
+    if (replyObject(reply).agent_session_id !== seed.agent_session_id) {
+      throw new BadReplyError('Agent seed replied for another agent_session_id');
     }
-    if (restart) await work.markRestart();
+    return {
+      cookies: reply.cookies,
+      restart: headerIs(reply.headers[CHECKPOINT_RESTART_HEADER], '1'),
+    };
   }
 
   /** The single agent activation (index 1) under the episode's prefix. */
-  private async activate(
-    request: EpisodeRequest,
-    work: EpisodeWork,
+  private activate(
+    turn: Turn,
     handles: SessionHandles,
   ): Promise<{ response: JsonValue; handles: SessionHandles }> {
-    try {
+    return this.failingAs(turn, 'agent', 'The agent activation', async () => {
       const reply = await this.post(
         this.options.agentUrl,
-        work.key,
+        turn.work.key,
         '/v1/responses',
-        request.task.task_input.responses_create_params ?? {},
-        {
-          cookies: handles.agent_cookies,
-          headers: { [AGENT_ACTIVATION_HEADER]: '1' },
-          signal: work.signal,
-        },
+        turn.request.task.task_input.responses_create_params ?? {},
+        { cookies: handles.agent_cookies, headers: activationHeader(1), signal: turn.work.signal },
       );
       if (!isObject(reply.body))
         throw new BadReplyError('/v1/responses did not reply with an object');
       const cookies = Object.keys(reply.cookies).length > 0 ? reply.cookies : handles.agent_cookies;
       return { response: reply.body, handles: { ...handles, agent_cookies: cookies } };
-    } catch (err) {
-      if (work.signal.aborted) throw err;
-      throw stageFailure('agent', 'The agent activation', err);
-    }
+    });
   }
 }
 
 /** The MCP tool access a seed reply's `resources_tools` describes; anything else is terminal. */
-function mcpAccess(resourcesTools: JsonValue, resourcesUrl: string): JsonObject {
+function mcpAccess(resourcesTools: JsonValue, resourcesUrl: string): McpGrant {
   if (!isObject(resourcesTools)) {
     throw new HandledEpisodeError({
       failure_reason:

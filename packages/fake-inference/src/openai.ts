@@ -1,5 +1,5 @@
 /** The OpenAI chat-completions wire shapes the fake reads and writes. */
-import { checkChatMessages, InvalidRequestError } from '@ckpt-gym/core';
+import { parseChatCompletionRequest } from '@ckpt-gym/core';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 
@@ -13,30 +13,23 @@ export interface ChatRequest {
   readonly admission: unknown;
 }
 
-function isPlainObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
 /**
  * Reads the fields the fake uses; everything else (tools, temperature, other `ng_*` extension
  * fields) is accepted and ignored, as a lenient backend would. Bad input is 422 `invalid_request`.
  */
 export function parseChatRequest(body: unknown): ChatRequest {
-  if (!isPlainObject(body)) throw new InvalidRequestError('body must be a JSON object');
-  const { model, messages, stream = false, stream_options: streamOptions, ng_capture } = body;
-  if (model !== undefined && typeof model !== 'string') {
-    throw new InvalidRequestError('model: must be a string');
-  }
-  checkChatMessages(messages);
-  if (typeof stream !== 'boolean') throw new InvalidRequestError('stream: must be a boolean');
-  if (streamOptions !== undefined && streamOptions !== null && !isPlainObject(streamOptions)) {
-    throw new InvalidRequestError('stream_options: must be an object');
-  }
+  const {
+    model,
+    messages,
+    stream = false,
+    stream_options: options,
+    ng_capture,
+  } = parseChatCompletionRequest(body);
   return {
     model,
-    messages: messages as ChatMessage[],
+    messages: messages as unknown as ChatMessage[],
     stream,
-    includeUsage: streamOptions?.include_usage === true,
+    includeUsage: options?.include_usage === true,
     admission: ng_capture ?? null,
   };
 }

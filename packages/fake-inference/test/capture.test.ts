@@ -1,4 +1,4 @@
-import { buildInventory, parseCommitCoords } from '@ckpt-gym/core';
+import { buildInventory, parseCommitCoords, rootCaptureAdmission } from '@ckpt-gym/core';
 
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';
 import type { CallView } from '../src/calls.js';
@@ -17,19 +17,7 @@ afterEach(async () => {
 const USER = { role: 'user', content: 'What is the weather in SF?' };
 
 function admission(id: string, extra: object = {}) {
-  return {
-    schema_version: 2,
-    rollout_id: 'r',
-    model_call_id: id,
-    parent_call_id: null,
-    prev_len: 0,
-    mode: 'text',
-    required_prefix_token_ids: [],
-    staging_chain: null,
-    parent_chain_hash: null,
-    generation_cut: null,
-    ...extra,
-  };
+  return { ...rootCaptureAdmission('r', id), ...extra };
 }
 
 async function post(

@@ -4,7 +4,7 @@
  * streamed, with and without a capture admission (`ng_capture`), under the rollout prefix or not;
  * `/v1/models`.
  */
-import { STAGING_SCHEMA_VERSION } from '@ckpt-gym/core';
+import { rootCaptureAdmission } from '@ckpt-gym/core';
 import fc from 'fast-check';
 
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';
@@ -43,18 +43,7 @@ const CHAT = {
 
 /** A root call's capture admission, as the policy model server sends it. */
 function admission(callId: number) {
-  return {
-    schema_version: STAGING_SCHEMA_VERSION,
-    rollout_id: 'r1',
-    model_call_id: `call-${callId}`,
-    parent_call_id: null,
-    prev_len: 0,
-    mode: 'text',
-    required_prefix_token_ids: [],
-    staging_chain: null,
-    parent_chain_hash: null,
-    generation_cut: null,
-  };
+  return rootCaptureAdmission('r1', `call-${callId}`);
 }
 
 const PREFIXES = fc.constantFrom('', '/ng-rollout/r1', '/ng-rollout/r1-a2', '/ng-rollout/%ZZ');

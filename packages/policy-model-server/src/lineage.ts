@@ -9,10 +9,10 @@ import {
   type CommitCoords,
   FINGERPRINT_VERSION,
   type JsonObject,
-  STAGING_SCHEMA_VERSION,
   assistantFingerprint,
   conversationDigest,
   parseCommitCoords,
+  rootCaptureAdmission,
 } from '@ckpt-gym/core';
 
 export const UNRESOLVED_PARENT_REASON = 'unresolved_parent';
@@ -69,29 +69,16 @@ export function captureAdmission(
   callId: string,
   resolution: Exclude<Resolution, { kind: 'unresolved' }>,
 ): CaptureAdmission {
-  const base = { schema_version: STAGING_SCHEMA_VERSION, rollout_id: key, model_call_id: callId };
-  if (resolution.kind === 'root') {
-    return {
-      ...base,
-      parent_call_id: null,
-      prev_len: 0,
-      mode: 'text',
-      required_prefix_token_ids: [],
-      staging_chain: null,
-      parent_chain_hash: null,
-      generation_cut: null,
-    };
-  }
+  const root = rootCaptureAdmission(key, callId);
+  if (resolution.kind === 'root') return root;
   const { parent } = resolution;
   return {
-    ...base,
+    ...root,
     parent_call_id: String(parent.model_call_id),
     prev_len: Number(parent.cum_len),
     mode: 'token_in',
-    required_prefix_token_ids: [],
     staging_chain: (parent.staging_chain as string[]).slice(),
     parent_chain_hash: String(parent.chain_hash),
-    generation_cut: null,
   };
 }
 

@@ -105,16 +105,12 @@ function checkRow(
   };
 }
 
-/**
- * Verifies `manifest` against the staged records and linearizes the lineage ending at
- * `terminalCallId` (default: the last row of the manifest).
- */
-export function verifyAndLinearize(
+/** Every row of the manifest, checked against its staged record, by call id. */
+function checkedRows(
+  key: string,
   manifest: LineageManifest,
   staged: (stagingKey: string) => unknown,
-  terminalCallId?: string,
-): LinearizedRollout {
-  const key = captureKey(parseCaptureKey(manifest.rollout_id));
+): Map<string, Row> {
   if (manifest.records.length === 0) fail('empty_manifest', `rollout ${key} has no rows`);
   const byId = new Map<string, Row>();
   const keys = new Set<string>();
@@ -127,11 +123,11 @@ export function verifyAndLinearize(
     byId.set(row.model_call_id, row);
     keys.add(row.staging_key);
   }
-  const terminalId =
-    terminalCallId ?? String(manifest.records[manifest.records.length - 1]?.model_call_id);
-  const terminal = byId.get(terminalId);
-  if (!terminal) fail('missing_terminal', `terminal call ${terminalId} is not in the manifest`);
+  return byId;
+}
 
+/** The lineage ending at `terminal`, root first: each parent present, its length continued. */
+function lineageOf(terminal: Row, byId: ReadonlyMap<string, Row>): Row[] {
   const chain: Row[] = [];
   const seen = new Set<string>();
   for (let row: Row | undefined = terminal; row;) {
@@ -154,7 +150,11 @@ export function verifyAndLinearize(
     }
     row = parent;
   }
+  return chain;
+}
 
+/** The chain's tokens end to end, each call's chain hash recomputed from its parent's. */
+function linearize(key: string, chain: readonly Row[]): LinearizedRollout {
   const out: LinearizedRollout = {
     rollout_id: key,
     token_ids: [],
@@ -182,13 +182,31 @@ export function verifyAndLinearize(
     out.call_ids.push(row.model_call_id);
     out.weight_versions.push(r.weight_version);
   }
+  out.prompt_len = out.masks.indexOf(1);
+  return out;
+}
+
+/**
+ * Verifies `manifest` against the staged records and linearizes the lineage ending at
+ * `terminalCallId` (default: the last row of the manifest).
+ */
+export function verifyAndLinearize(
+  manifest: LineageManifest,
+  staged: (stagingKey: string) => unknown,
+  terminalCallId?: string,
+): LinearizedRollout {
+  const key = captureKey(parseCaptureKey(manifest.rollout_id));
+  const byId = checkedRows(key, manifest, staged);
+  const terminalId =
+    terminalCallId ?? String(manifest.records[manifest.records.length - 1]?.model_call_id);
+  const terminal = byId.get(terminalId);
+  if (!terminal) fail('missing_terminal', `terminal call ${terminalId} is not in the manifest`);
+  const out = linearize(key, lineageOf(terminal, byId));
   if (hashTokenIds(out.token_ids) !== terminal.record.cumulative_hash) {
     fail(
       'cumulative_hash_mismatch',
       `the tokens of ${terminalId} do not hash to its cumulative hash`,
     );
   }
-  const firstGenerated = out.masks.indexOf(1);
-  out.prompt_len = firstGenerated;
   return out;
 }

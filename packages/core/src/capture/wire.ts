@@ -212,6 +212,25 @@ export interface CaptureAdmission {
   generation_cut: GenerationCutContinuation | null;
 }
 
+/**
+ * The admission of a root call of capture key `key`: no parent, nothing before it, text mode, no
+ * generation cut. The one place its fields are written out.
+ */
+export function rootCaptureAdmission(key: string, modelCallId: string): CaptureAdmission {
+  return {
+    schema_version: STAGING_SCHEMA_VERSION,
+    rollout_id: key,
+    model_call_id: modelCallId,
+    parent_call_id: null,
+    prev_len: 0,
+    mode: 'text',
+    required_prefix_token_ids: [],
+    staging_chain: null,
+    parent_chain_hash: null,
+    generation_cut: null,
+  };
+}
+
 export interface CommitCoords {
   schema_version: number;
   digest_version: number;

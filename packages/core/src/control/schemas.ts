@@ -13,6 +13,7 @@ import {
   MAX_ATTEMPT,
   ROLLOUT_ID_PATTERN,
 } from '../identity.js';
+import { jsonPointerPath } from '../wire/validate.js';
 import { MAX_DEADLINE_AHEAD_SECONDS } from './deadline.js';
 
 export const CHECKPOINT_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
@@ -168,14 +169,7 @@ const COMPILED = Object.fromEntries(
 
 /** `/episode_ids/0/rollout_id` → `episode_ids[0].rollout_id`. */
 function fieldPath(pointer: string, child?: string): string {
-  const parts = pointer
-    .split('/')
-    .slice(1)
-    .map((p) => p.replace(/~1/g, '/').replace(/~0/g, '~'));
-  if (child !== undefined) parts.push(child);
-  let path = '';
-  for (const part of parts) path += /^\d+$/.test(part) ? `[${part}]` : path ? `.${part}` : part;
-  return path || '(body)';
+  return jsonPointerPath(pointer, child) || '(body)';
 }
 
 function describe(err: ErrorObject): string {

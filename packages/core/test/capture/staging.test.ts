@@ -11,6 +11,7 @@ import {
   continuedPrompt,
   hashTokenIds,
   parseCommitCoords,
+  rootCaptureAdmission,
   stagingDigest,
   validateReceiptFor,
   verifyAndLinearize,
@@ -19,21 +20,6 @@ import {
 
 const WEIGHT = 7;
 
-function rootAdmission(key: string, id: string): CaptureAdmission {
-  return {
-    schema_version: 2,
-    rollout_id: key,
-    model_call_id: id,
-    parent_call_id: null,
-    prev_len: 0,
-    mode: 'text',
-    required_prefix_token_ids: [],
-    staging_chain: null,
-    parent_chain_hash: null,
-    generation_cut: null,
-  };
-}
-
 function childAdmission(
   key: string,
   id: string,
@@ -41,13 +27,10 @@ function childAdmission(
   cut: GenerationCutContinuation | null = null,
 ): CaptureAdmission {
   return {
-    schema_version: 2,
-    rollout_id: key,
-    model_call_id: id,
+    ...rootCaptureAdmission(key, id),
     parent_call_id: parent.model_call_id,
     prev_len: parent.cum_len,
     mode: 'token_in',
-    required_prefix_token_ids: [],
     staging_chain: [`${parent.rollout_id}/${parent.model_call_id}`],
     parent_chain_hash: parent.chain_hash,
     generation_cut: cut,
@@ -56,7 +39,7 @@ function childAdmission(
 
 /** A root call r/c1: prompt [1,2,3], generated [10,11]. */
 function stagedRoot(key = 'r'): StagedCallRecord {
-  const call = beginCall(rootAdmission(key, 'c1'), { weightVersion: WEIGHT });
+  const call = beginCall(rootCaptureAdmission(key, 'c1'), { weightVersion: WEIGHT });
   return completeCall(call, [1, 2, 3], [10, 11], [-0.1, -0.2]).record;
 }
 
@@ -106,7 +89,7 @@ describe('worker staging helpers', () => {
   });
 
   it('completeCall returns valid commit coordinates and refuses a second completion', () => {
-    const call = beginCall(rootAdmission('r', 'c1'), { weightVersion: WEIGHT });
+    const call = beginCall(rootCaptureAdmission('r', 'c1'), { weightVersion: WEIGHT });
     const { coords } = completeCall(call, [1], [2], [-1]);
     expect(parseCommitCoords(coords).staging_key).toBe('r/c1');
     expect(() => completeCall(call, [1], [2], [-1])).toThrow(/call_completed/);
@@ -192,21 +175,30 @@ describe('worker staging helpers', () => {
 
   it('complete call computes staging digest once', () => {
     const digest = countingDigest();
-    const call = beginCall(rootAdmission('r', 'c1'), { weightVersion: WEIGHT, digest: digest.fn });
+    const call = beginCall(rootCaptureAdmission('r', 'c1'), {
+      weightVersion: WEIGHT,
+      digest: digest.fn,
+    });
     completeCall(call, [1, 2], [3], [-1]);
     expect(digest.calls()).toBe(1);
   });
 
   it('prefix record computes staging digest once', () => {
     const digest = countingDigest();
-    const call = beginCall(rootAdmission('r', 'c1'), { weightVersion: WEIGHT, digest: digest.fn });
+    const call = beginCall(rootCaptureAdmission('r', 'c1'), {
+      weightVersion: WEIGHT,
+      digest: digest.fn,
+    });
     buildPrefixRecord(call, [1, 2], [3], [-1]);
     expect(digest.calls()).toBe(1);
   });
 
   it('generation chunk record computes staging digest once and stages only new tokens', () => {
     const digest = countingDigest();
-    const call = beginCall(rootAdmission('r', 'c1'), { weightVersion: WEIGHT, digest: digest.fn });
+    const call = beginCall(rootCaptureAdmission('r', 'c1'), {
+      weightVersion: WEIGHT,
+      digest: digest.fn,
+    });
     const first = buildGenerationChunkRecord(call, [1, 2], [3, 4], [-1, -1]);
     expect(digest.calls()).toBe(1);
     const second = buildGenerationChunkRecord(call, [1, 2], [3, 4, 5, 6], [-1, -1, -1, -1]);
