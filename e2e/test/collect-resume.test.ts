@@ -7,7 +7,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
-import { DISPATCH_LOG } from '@ckpt-gym/coordinator-cli';
+import { DISPATCH_LOG, processAlive } from '@ckpt-gym/coordinator-cli';
 
 import { Collection, taskKey, weatherTasks } from './collect-kit.js';
 import { closeAll, Deployment, scenario, until } from './support/deployment.js';
@@ -129,15 +129,6 @@ scenario('a second crash after a resume never reuses an attempt number', async (
   }
 });
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 /** `npx ckpt-gym …` from the repository root, in its own process group (killed at the end). */
 function npx(args: string[]): {
   child: ChildProcess;
@@ -183,7 +174,7 @@ scenario(
         60_000,
       );
       expect(col.published()).toHaveLength(2);
-      await until(() => !alive(pid), 'the collector to exit');
+      await until(() => !processAlive(pid), 'the collector to exit');
     } finally {
       try {
         process.kill(-run.child.pid!, 'SIGKILL');

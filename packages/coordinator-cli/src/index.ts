@@ -65,6 +65,7 @@ export {
   LATEST_FILE,
   MANIFEST_FILE,
   PID_FILE,
+  processAlive,
 } from './collection/files.js';
 export { failuresPathFor } from './collection/nemo.js';
 export { type CollectionManifest } from './collection/resume.js';

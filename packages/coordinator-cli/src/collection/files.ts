@@ -27,6 +27,16 @@ export const LATEST_FILE = 'LATEST';
 export const MANIFEST_FILE = 'collection.json';
 export const PID_FILE = 'collector.pid';
 
+/** Whether a process with `pid` exists (signal 0 checks without sending anything). */
+export function processAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 function readIfThere(path: string): string | undefined {
   return existsSync(path) ? readFileSync(path, 'utf8') : undefined;
 }

@@ -7,27 +7,18 @@
 import { resolve } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { CollectionDir, PID_FILE } from '../collection/files.js';
+import { CollectionDir, PID_FILE, processAlive } from '../collection/files.js';
 import { CliFailure, type CommandContext, describe } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
 import type { CommandResult } from '../output.js';
 
 const POLL_MS = 100;
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
-
 export async function checkpointNowCommand(ctx: CommandContext): Promise<CommandResult> {
   const root = resolve(ctx.io.cwd, ctx.invocation.checkpointDir ?? '');
   const dir = new CollectionDir(root);
   const pid = dir.readPid();
-  if (pid === undefined || !alive(pid)) {
+  if (pid === undefined || !processAlive(pid)) {
     throw new CliFailure(
       `no collection is running in ${root}: ${pid === undefined ? `no ${PID_FILE}` : `pid ${pid} is gone`}`,
     );
@@ -49,11 +40,11 @@ export async function checkpointNowCommand(ctx: CommandContext): Promise<Command
         text: `checkpoint ${latest} published in ${resolve(root, latest)}${stop ? '; the collection stops (exit 75)' : ''}`,
       };
     }
-    if (!alive(pid)) break;
+    if (!processAlive(pid)) break;
     await sleep(POLL_MS);
   }
   throw new CliFailure(
-    alive(pid)
+    processAlive(pid)
       ? `the collector (pid ${pid}) published no checkpoint within ${ctx.invocation.deadlineSeconds} s; its output says why`
       : `the collector (pid ${pid}) exited without publishing a checkpoint; its output says why`,
     {},
