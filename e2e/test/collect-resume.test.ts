@@ -175,6 +175,8 @@ scenario(
       );
       expect(col.published()).toHaveLength(2);
       await until(() => !processAlive(pid), 'the collector to exit');
+      // Its last words (exit 75), still on the pipe npm handed it.
+      await until(() => /stopped after checkpoint ckpt-/.test(run.output()), 'the stop summary');
     } finally {
       try {
         process.kill(-run.child.pid!, 'SIGKILL');

@@ -3,7 +3,7 @@
 // any build, and a build (or turbo's cache replay of dist/) cannot take the bit away.
 import { existsSync } from 'node:fs';
 import process from 'node:process';
-import { setInterval } from 'node:timers';
+import { clearInterval, setInterval } from 'node:timers';
 import { URL } from 'node:url';
 
 const main = new URL('../dist/main.js', import.meta.url);
@@ -18,8 +18,11 @@ if (!existsSync(main)) {
 const WRAPPER_POLL_MS = 500;
 if (process.env.npm_command !== undefined) {
   const wrapper = process.ppid;
-  setInterval(() => {
-    if (process.ppid !== wrapper) process.kill(process.pid, 'SIGTERM');
-  }, WRAPPER_POLL_MS).unref();
+  const watch = setInterval(() => {
+    if (process.ppid === wrapper) return;
+    clearInterval(watch);
+    process.kill(process.pid, 'SIGTERM');
+  }, WRAPPER_POLL_MS);
+  watch.unref();
 }
 await import(main.href);
