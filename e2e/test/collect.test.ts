@@ -20,6 +20,9 @@ interface ResultRow {
   failure: unknown;
 }
 
+/** A rollout id without its run's prefix: the task's own key. */
+const taskKey = (rolloutId: string) => rolloutId.slice(rolloutId.indexOf('.') + 1);
+
 function writeTasks(dep: Deployment): string {
   const path = join(dep.runDir, 'tasks.jsonl');
   const lines = ROLLOUTS.map((id) => {
@@ -54,11 +57,11 @@ function results(dep: Deployment): ResultRow[] {
     .map((line) => JSON.parse(line) as ResultRow);
 }
 
-/** Checkpoints published by the collection (directories with a controller.json). */
+/** Checkpoints published by the collection (directories with a collection.json). */
 function published(dep: Deployment): string[] {
   const dir = join(dep.runDir, 'collection-ckpt');
   if (!existsSync(dir)) return [];
-  return readdirSync(dir).filter((name) => existsSync(join(dir, name, 'controller.json')));
+  return readdirSync(dir).filter((name) => existsSync(join(dir, name, 'collection.json')));
 }
 
 scenario('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
@@ -71,7 +74,7 @@ scenario('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
   await dep.backend('/_ctl/release', {});
   expect(await run.exited).toBe(0);
   const rows = results(dep);
-  expect(rows.map((r) => r.rollout_id).sort()).toEqual(ROLLOUTS);
+  expect(rows.map((r) => taskKey(r.rollout_id)).sort()).toEqual(ROLLOUTS);
   expect(rows.every((r) => r.result?.reward === 1 && r.attempt === 0)).toBe(true);
   expect(await dep.callCount()).toBe(2 * ROLLOUTS.length);
 });
@@ -95,12 +98,12 @@ scenario(
     expect(await second.exited).toBe(0);
 
     const rows = results(dep);
-    expect(rows.map((r) => r.rollout_id).sort()).toEqual(ROLLOUTS);
+    expect(rows.map((r) => taskKey(r.rollout_id)).sort()).toEqual(ROLLOUTS);
     expect(rows.every((r) => r.result?.reward === 1 && r.attempt === 1)).toBe(true);
     // Each rollout: its first call delivered before the checkpoint, its second (held) never
     // delivered; the continued attempt makes that second call once.
     const calls = await dep.calls();
-    for (const id of ROLLOUTS) {
+    for (const { rollout_id: id } of rows) {
       expect(calls.filter((c) => c.rollout_id === id).map((c) => c.n_messages)).toEqual([2, 4, 4]);
     }
   },

@@ -16,6 +16,7 @@ import { join, resolve } from 'node:path';
 
 import {
   CLI_MAIN,
+  CollectionDir,
   CONTROLLER_FILE,
   loadStack,
   parseCommandLine,
@@ -220,9 +221,12 @@ describe('README command blocks, on the example ports', () => {
     async () => {
       await expectBlockRuns(commands(onlyBlock(section(rootReadme, '## Use it'), 'sh', 'Use it')));
 
-      const rollouts = parseTasks(readFileSync(TASKS, 'utf8')).map((t) => t.rolloutId);
-      expect(rollouts.length).toBeGreaterThan(0);
-      const exported = exportedEpisodes(join(RUN_DIR, 'checkpoints/c1'));
+      const keys = parseTasks(readFileSync(TASKS, 'utf8')).map((t) => t.key);
+      expect(keys.length).toBeGreaterThan(0);
+      const latest = new CollectionDir(join(RUN_DIR, 'collection')).latest();
+      const runId = latest!.manifest.run_id;
+      const rollouts = keys.map((key) => `${runId}.${key}`);
+      const exported = exportedEpisodes(latest!.dir);
       expect(exported.length).toBeGreaterThan(0);
       expect(rollouts).toEqual(expect.arrayContaining(exported));
 

@@ -9,6 +9,7 @@ import {
   CHECKPOINT_ID_MAX_LENGTH,
   CHECKPOINT_ID_PATTERN,
   type EpisodeId,
+  MAX_ROLLOUT_ID_LENGTH,
   parseCaptureKey,
   ROLLOUT_ID_PATTERN,
 } from '@ckpt-gym/core';
@@ -23,6 +24,8 @@ export const DEFAULT_RUN_DIR = '.ckpt-gym/run';
 export const DEFAULT_GRACE_SECONDS = 10;
 export const DEFAULT_CONCURRENCY = 16;
 export const DEFAULT_DEMO_ROLLOUTS = 32;
+export const INPUT_FORMATS = ['ckpt-gym', 'nemo'] as const;
+export type InputFormatOption = (typeof INPUT_FORMATS)[number];
 
 /** Options a command may take, besides the global `--config`, `--json` and `--help`. */
 export type OptionName =
@@ -42,7 +45,11 @@ export type OptionName =
   | 'output'
   | 'concurrency'
   | 'checkpoint-dir'
-  | 'resume';
+  | 'resume'
+  | 'checkpoint-every'
+  | 'format'
+  | 'limit'
+  | 'num-repeats';
 
 interface OptionSpec {
   readonly type: 'string' | 'boolean';
@@ -74,13 +81,19 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
   },
   stop: {
     type: 'boolean',
-    help: 'commit with stop: free exported state outside the processes; the stack stays closed',
+    help:
+      'commit with stop: free exported state outside the processes; the stack stays closed ' +
+      '(checkpoint-now: the collection does so and exits 75)',
   },
   'restart-missing': {
     type: 'boolean',
     help: 'restore: start over (reported as restarts) the scope episodes not held where they must be, instead of refusing',
   },
-  server: { type: 'string', value: 'NAME', help: 'the server of the stack file to run' },
+  server: {
+    type: 'string',
+    value: 'NAME',
+    help: 'the server of the stack file to run (run: the environment server to collect through)',
+  },
   detach: { type: 'boolean', help: 'start the stack and exit, leaving it running' },
   'run-dir': {
     type: 'string',
@@ -103,11 +116,27 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
   'checkpoint-dir': {
     type: 'string',
     value: 'DIR',
-    help: 'where checkpoints go, one directory each (default <output>.checkpoints)',
+    help: "the collection's directory: dispatch log, pid, checkpoints, LATEST (default <output>.checkpoints)",
   },
   resume: {
     type: 'boolean',
-    help: 'after a crash: restore the latest checkpoint and finish the collection',
+    help: 'finish the run --output and --checkpoint-dir name, from its latest checkpoint',
+  },
+  'checkpoint-every': {
+    type: 'string',
+    value: 'SECONDS',
+    help: 'also take a checkpoint every SECONDS while rollouts are in flight',
+  },
+  format: {
+    type: 'string',
+    value: 'FORMAT',
+    help: `input and output rows: ${INPUT_FORMATS.join(' or ')} (default: nemo when the first row is a NeMo Gym row)`,
+  },
+  limit: { type: 'string', value: 'N', help: 'collect only the first N input rows' },
+  'num-repeats': {
+    type: 'string',
+    value: 'N',
+    help: 'NeMo Gym rows: run each row N times (_ng_rollout_index 0…N-1)',
   },
 };
 
@@ -237,12 +266,37 @@ export const COMMANDS = {
   },
   run: {
     summary: 'collect rollouts: dispatch tasks to the environment server, write the results',
-    options: ['input', 'output', 'concurrency', 'checkpoint-dir', 'resume', 'deadline'],
+    options: [
+      'input',
+      'output',
+      'concurrency',
+      'checkpoint-dir',
+      'resume',
+      'checkpoint-every',
+      'format',
+      'limit',
+      'num-repeats',
+      'server',
+      'deadline',
+    ],
     required: ['input', 'output'],
     details:
-      'SIGUSR1 takes a checkpoint and goes on; SIGTERM takes a checkpoint with stop and exits\n' +
-      '75. --resume restores the latest checkpoint, continues its episodes as their next\n' +
-      'attempt, retires and re-sends the others, and skips those with a result in --output.',
+      'Every rollout id is <run id>.<task key>; the run id is in every output row. The\n' +
+      'collector writes its pid to <checkpoint-dir>/collector.pid. SIGUSR1 (or checkpoint-now)\n' +
+      'takes a checkpoint and goes on; SIGTERM (or checkpoint-now --stop) takes one and exits\n' +
+      '75. --resume finishes the same run: it restores the checkpoint LATEST names if the\n' +
+      'previous run published it, continues its rows as their next attempt, retires every\n' +
+      'other row the previous run sent and starts it over, and skips rows with an outcome.\n' +
+      '--server picks the environment server (default: the first of the stack file).',
+  },
+  'checkpoint-now': {
+    summary: 'ask a running collection (`run`) for a checkpoint, however it was started',
+    options: ['checkpoint-dir', 'stop', 'deadline'],
+    required: ['checkpoint-dir'],
+    details:
+      'Signals the pid in <checkpoint-dir>/collector.pid (SIGUSR1; --stop: SIGTERM), then waits\n' +
+      'up to --deadline seconds for LATEST to name a new checkpoint. Works under node, npx\n' +
+      'and npm alike: the signal goes to the collector, not to a wrapper.',
   },
   demo: {
     summary: 'crash and restore a local stack with rollouts in flight; every rollout finishes once',
@@ -289,6 +343,12 @@ export interface Invocation {
   readonly concurrency: number;
   readonly checkpointDir: string | undefined;
   readonly resume: boolean;
+  /** `run --checkpoint-every`. */
+  readonly checkpointEverySeconds: number | undefined;
+  /** `run --format`; undefined: detected from the input. */
+  readonly format: InputFormatOption | undefined;
+  readonly limit: number | undefined;
+  readonly numRepeats: number | undefined;
   /** `demo --rollouts N`. */
   readonly rolloutCount: number;
 }
@@ -445,6 +505,10 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
   const rollouts = text('rollouts');
   const grace = text('grace');
   const concurrency = text('concurrency');
+  const every = text('checkpoint-every');
+  const format = text('format');
+  const limit = text('limit');
+  const repeats = text('num-repeats');
   const demo = command === 'demo';
   return {
     command,
@@ -468,6 +532,11 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
       concurrency === undefined ? DEFAULT_CONCURRENCY : parseCount('concurrency', concurrency),
     checkpointDir: text('checkpoint-dir'),
     resume: values.resume === true,
+    checkpointEverySeconds:
+      every === undefined ? undefined : parseSeconds('checkpoint-every', every),
+    format: format === undefined ? undefined : parseFormat(format),
+    limit: limit === undefined ? undefined : parseCount('limit', limit),
+    numRepeats: repeats === undefined ? undefined : parseCount('num-repeats', repeats),
     rolloutCount:
       demo && rollouts !== undefined ? parseCount('rollouts', rollouts) : DEFAULT_DEMO_ROLLOUTS,
   };
@@ -498,6 +567,16 @@ function parseSeconds(name: string, text: string, zeroOk = false): number {
     );
   }
   return seconds;
+}
+
+function parseFormat(text: string): InputFormatOption {
+  const format = INPUT_FORMATS.find((name) => name === text);
+  if (format === undefined) {
+    throw new UsageError(
+      `--format must be ${INPUT_FORMATS.join(' or ')}, got ${JSON.stringify(text)}`,
+    );
+  }
+  return format;
 }
 
 /** A whole number from 1 to 100000. */
@@ -541,6 +620,11 @@ export function parseRollouts(text: string): string[] {
     if (!ROLLOUT_ID_PATTERN.test(id)) {
       throw new UsageError(
         `--rollouts: bad rollout id ${JSON.stringify(id)}: must match ${ROLLOUT_ID_PATTERN.source}`,
+      );
+    }
+    if (id.length > MAX_ROLLOUT_ID_LENGTH) {
+      throw new UsageError(
+        `--rollouts: rollout id of ${id.length} characters is longer than ${MAX_ROLLOUT_ID_LENGTH}`,
       );
     }
   }

@@ -18,6 +18,14 @@ import {
   retryRule,
 } from '@ckpt-gym/core';
 
+import {
+  flatRowFromTask,
+  flatRunBody,
+  isNemoRow,
+  type JsonRow,
+  nemoNativeTask,
+  nemoTasks,
+} from './collection/nemo.js';
 import { describe } from './context.js';
 
 export const ADMISSION_RETRY_MS = 200;
@@ -27,15 +35,19 @@ export interface TaskSpec {
   readonly task_input: Readonly<Record<string, unknown>>;
 }
 
-/** One line of the input: a task, and the rollout that runs it. */
+/** One task of the input: its key within the run, the task, and the NeMo Gym row it came from. */
 export interface InputTask {
-  readonly rolloutId: string;
+  /** The task's own identity; its rollout id is derived from the run id and this. */
+  readonly key: string;
   readonly task: TaskSpec;
+  readonly row?: JsonRow;
 }
 
 export interface Dispatch {
   readonly episode: EpisodeId;
   readonly task: TaskSpec;
+  /** The flat row a `single_agent_turn_legacy` environment gets (default: the task as one). */
+  readonly row?: JsonRow;
 }
 
 /** One line of the output: the environment server's reply, with the episode that produced it. */
@@ -58,6 +70,8 @@ export interface CollectorOptions {
   readonly onLost?: (dispatch: Dispatch, reason: string) => void;
   /** Called before each send (the attempt journal). */
   readonly onSend?: (dispatch: Dispatch) => Promise<void> | void;
+  /** The environment takes flat rows (`single_agent_turn_legacy`), not `{episode_id, task}`. */
+  readonly flat?: boolean;
 }
 
 const sleep = (ms: number) => new Promise((done) => setTimeout(done, ms));
@@ -152,8 +166,15 @@ export class Collector {
   async #send(dispatch: Dispatch): Promise<ResultRow> {
     const signal = this.#abort.signal;
     for (;;) {
+      const { episode } = dispatch;
       const reply = await this.opts.client.post(`${this.opts.envUrl}/run`, {
-        json: { episode_id: dispatch.episode, task: dispatch.task },
+        json: this.opts.flat
+          ? flatRunBody(
+              dispatch.row ?? flatRowFromTask(dispatch.task),
+              episode.rollout_id,
+              episode.attempt,
+            )
+          : { episode_id: episode, task: dispatch.task },
         retry: { limit: 0 },
         throwHttpErrors: false,
         signal,
@@ -161,13 +182,11 @@ export class Collector {
       const body = parseBody(reply.body);
       const status = reply.statusCode;
       if (status === 200) {
-        const reply200 = body as { result?: unknown; failure?: unknown };
         return {
-          rollout_id: dispatch.episode.rollout_id,
-          attempt: dispatch.episode.attempt,
+          rollout_id: episode.rollout_id,
+          attempt: episode.attempt,
           task_id: dispatch.task.task_id,
-          result: (reply200.result ?? null) as Record<string, unknown> | null,
-          failure: (reply200.failure ?? null) as Record<string, unknown> | null,
+          ...(this.opts.flat ? flatReply(body) : nativeReply(body)),
         };
       }
       if (!retriesAfterResume(body)) {
@@ -179,6 +198,29 @@ export class Collector {
   }
 }
 
+type ReplyParts = Pick<ResultRow, 'result' | 'failure'>;
+
+function nativeReply(body: unknown): ReplyParts {
+  const reply = body as { result?: unknown; failure?: unknown } | null;
+  return {
+    result: (reply?.result ?? null) as JsonRow | null,
+    failure: (reply?.failure ?? null) as JsonRow | null,
+  };
+}
+
+/** A flat reply is the verify result; a failed episode keeps the native reply (`legacyReply`). */
+function flatReply(body: unknown): ReplyParts {
+  const reply = body as { episode_id?: unknown; failure?: unknown } | null;
+  if (
+    reply?.episode_id !== undefined &&
+    typeof reply.failure === 'object' &&
+    reply.failure !== null
+  ) {
+    return nativeReply(reply);
+  }
+  return { result: (reply ?? null) as JsonRow | null, failure: null };
+}
+
 function parseBody(text: string): unknown {
   try {
     return JSON.parse(text);
@@ -187,38 +229,86 @@ function parseBody(text: string): unknown {
   }
 }
 
-/** Parses the input: one task a line (blank lines skipped); the rollout id defaults to `r<line>`. */
+/** The input's JSON rows, with their line numbers (blank lines skipped). */
+export function parseJsonLines(text: string): { line: number; row: JsonRow }[] {
+  const rows: { line: number; row: JsonRow }[] = [];
+  text.split('\n').forEach((line, index) => {
+    if (line.trim() === '') return;
+    let row: unknown;
+    try {
+      row = JSON.parse(line);
+    } catch (err) {
+      throw new Error(`line ${index + 1}: not JSON: ${(err as Error).message}`);
+    }
+    if (typeof row !== 'object' || row === null || Array.isArray(row)) {
+      throw new Error(`line ${index + 1}: not a JSON object`);
+    }
+    rows.push({ line: index + 1, row: row as JsonRow });
+  });
+  return rows;
+}
+
+export type InputFormat = 'ckpt-gym' | 'nemo';
+
+/** The input's format: NeMo Gym rows when its first row is one, else ours. */
+export function detectFormat(rows: readonly { row: JsonRow }[]): InputFormat {
+  return rows[0] !== undefined && isNemoRow(rows[0].row) ? 'nemo' : 'ckpt-gym';
+}
+
+/**
+ * Our input: one task a line, `{task_id: {taskset, task_id}, task_input, rollout_id?}`; the key
+ * defaults to `r<line>`.
+ */
 export function parseTasks(text: string): InputTask[] {
   const tasks: InputTask[] = [];
   const seen = new Set<string>();
-  text.split('\n').forEach((line, index) => {
-    if (line.trim() === '') return;
-    const where = `line ${index + 1}`;
-    let row: Record<string, unknown>;
-    try {
-      row = JSON.parse(line) as Record<string, unknown>;
-    } catch (err) {
-      throw new Error(`${where}: not JSON: ${(err as Error).message}`);
-    }
+  for (const { line, row } of parseJsonLines(text)) {
+    const where = `line ${line}`;
     const taskId = row.task_id as { taskset?: unknown; task_id?: unknown } | undefined;
     if (typeof taskId?.taskset !== 'string' || typeof taskId.task_id !== 'string') {
-      throw new Error(`${where}: task_id must be {taskset, task_id} (strings)`);
+      throw new Error(
+        `${where}: task_id must be {taskset, task_id} (strings)` +
+          (isNemoRow(row) ? '; this is a NeMo Gym row: pass --format nemo' : ''),
+      );
     }
     if (typeof row.task_input !== 'object' || row.task_input === null) {
       throw new Error(`${where}: task_input must be an object`);
     }
-    const rolloutId = typeof row.rollout_id === 'string' ? row.rollout_id : `r${index + 1}`;
-    if (seen.has(rolloutId)) throw new Error(`${where}: rollout id ${rolloutId} appears twice`);
-    seen.add(rolloutId);
+    const key = typeof row.rollout_id === 'string' ? row.rollout_id : `r${line}`;
+    if (seen.has(key)) throw new Error(`${where}: rollout id ${key} appears twice`);
+    seen.add(key);
     tasks.push({
-      rolloutId,
+      key,
       task: {
         task_id: { taskset: taskId.taskset, task_id: taskId.task_id },
         task_input: row.task_input as Record<string, unknown>,
       },
     });
-  });
+  }
   return tasks;
+}
+
+/**
+ * The tasks of an input file: NeMo Gym rows (each stamped with its indices, `--num-repeats`
+ * times) or ours; `limit` keeps the first rows.
+ */
+export function inputTasks(
+  text: string,
+  options: { format?: InputFormat; limit?: number; numRepeats?: number },
+): { format: InputFormat; tasks: InputTask[] } {
+  const rows = parseJsonLines(text);
+  const format = options.format ?? detectFormat(rows);
+  if (format === 'nemo') {
+    const tasks = nemoTasks(
+      rows.map((r) => r.row),
+      options,
+    ).map((t) => ({ key: t.key, task: nemoNativeTask(t.row), row: t.row }));
+    return { format, tasks };
+  }
+  if (options.numRepeats !== undefined) {
+    throw new Error('--num-repeats takes NeMo Gym rows (--format nemo)');
+  }
+  return { format, tasks: parseTasks(text).slice(0, options.limit) };
 }
 
 /** A counter task: from `initial_count`, the counter script adds 1 then 2. */

@@ -52,12 +52,23 @@ export {
   Collector,
   type CollectorOptions,
   type Dispatch,
+  inputTasks,
   type InputTask,
   parseTasks,
   type ResultRow,
   type TaskSpec,
   weatherTask,
 } from './collect.js';
+export {
+  CollectionDir,
+  DISPATCH_LOG,
+  LATEST_FILE,
+  MANIFEST_FILE,
+  PID_FILE,
+  processAlive,
+} from './collection/files.js';
+export { failuresPathFor } from './collection/nemo.js';
+export { type CollectionManifest } from './collection/resume.js';
 export { type DemoReport, demoStackText, repeatedCalls, runDemo } from './demo.js';
 
 /** Runs one command line; every output goes to `io` (defaults: the process's). */

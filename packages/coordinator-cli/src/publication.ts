@@ -4,7 +4,7 @@
  * continues exactly the episodes the checkpoint continued without the caller listing them.
  */
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
-import { join } from 'node:path';
+import { basename, dirname, join } from 'node:path';
 
 import {
   CheckpointStateError,
@@ -57,7 +57,7 @@ export function controllerRecord(parts: {
 }
 
 /**
- * Writes the record durably: a temporary file, fsynced, renamed into place, directory fsynced.
+ * Writes the record durably (`writeDurably`).
  * With `checkpoint.signing_key` it carries a `mac`, as the manifests do: a forged scope could
  * otherwise make a restore leave out episodes the checkpoint continues.
  */
@@ -67,19 +67,28 @@ export async function publish(
   signingKey?: Uint8Array,
 ): Promise<string> {
   const path = join(dir, CONTROLLER_FILE);
-  const temporary = `${path}.${process.pid}.tmp`;
+  const body = signingKey ? signed(signingKey, { ...record }) : record;
+  await writeDurably(path, `${JSON.stringify(body, null, 2)}\n`);
+  return path;
+}
+
+/**
+ * Replaces `path` with `text` atomically and durably: a dot-named temporary beside it, fsynced,
+ * renamed into place, the directory fsynced.
+ */
+export async function writeDurably(path: string, text: string): Promise<void> {
+  const dir = dirname(path);
+  const temporary = join(dir, `.${basename(path)}.${process.pid}.tmp`);
   await mkdir(dir, { recursive: true });
   const handle = await open(temporary, 'w');
   try {
-    const body = signingKey ? signed(signingKey, { ...record }) : record;
-    await handle.writeFile(`${JSON.stringify(body, null, 2)}\n`, 'utf8');
+    await handle.writeFile(text, 'utf8');
     await handle.sync();
   } finally {
     await handle.close();
   }
   await rename(temporary, path);
   await fsyncDirectory(dir);
-  return path;
 }
 
 /** A rule `record` breaks, or undefined when it is a valid controller record. */

@@ -65,8 +65,59 @@ describe('parseCommandLine', () => {
       concurrency: DEFAULT_CONCURRENCY,
       checkpointDir: undefined,
       resume: false,
+      checkpointEverySeconds: undefined,
+      format: undefined,
+      limit: undefined,
+      numRepeats: undefined,
       rolloutCount: DEFAULT_DEMO_ROLLOUTS,
     });
+  });
+
+  test('run takes the collection options; checkpoint-now its directory', () => {
+    expect(
+      invocation([
+        'run',
+        '--input',
+        'in.jsonl',
+        '--output',
+        'out.jsonl',
+        '--checkpoint-every',
+        '2.5',
+        '--format',
+        'nemo',
+        '--limit',
+        '5',
+        '--num-repeats',
+        '3',
+        '--server',
+        'legacy_env',
+      ]),
+    ).toMatchObject({
+      checkpointEverySeconds: 2.5,
+      format: 'nemo',
+      limit: 5,
+      numRepeats: 3,
+      server: 'legacy_env',
+    });
+    expect(usageError(['run', '--input', 'i', '--output', 'o', '--format', 'csv']).message).toBe(
+      '--format must be ckpt-gym or nemo, got "csv"',
+    );
+    expect(
+      usageError(['run', '--input', 'i', '--output', 'o', '--checkpoint-every', '0']).message,
+    ).toMatch(/--checkpoint-every must be a positive number of seconds/);
+    expect(invocation(['checkpoint-now', '--checkpoint-dir', 'c', '--stop'])).toMatchObject({
+      command: 'checkpoint-now',
+      checkpointDir: 'c',
+      stop: true,
+    });
+    expect(usageError(['checkpoint-now']).message).toBe('checkpoint-now needs --checkpoint-dir');
+  });
+
+  test('a rollout id longer than core takes is a usage error', () => {
+    expect(invocation(['forget', '--rollouts', 'r'.repeat(219)]).rollouts).toHaveLength(1);
+    expect(usageError(['forget', '--rollouts', 'r'.repeat(220)]).message).toBe(
+      '--rollouts: rollout id of 220 characters is longer than 219',
+    );
   });
 
   test('restore takes --restart-missing; no other command does', () => {

@@ -17,7 +17,7 @@ import {
   type StackHandle,
   weatherTask,
 } from '../src/index.js';
-import { latestCheckpoint } from '../src/commands/run.js';
+import { CollectionDir } from '../src/collection/files.js';
 import { ensureBuilt } from './support/build.js';
 import { until } from './support/cli.js';
 
@@ -57,7 +57,15 @@ function runCli(args: string[]): { child: ChildProcess; exit: Promise<number | n
   return { child, exit };
 }
 
-function results(): { rollout_id: string; attempt: number; result: { reward: number } }[] {
+/** A rollout id without its run's prefix: the task key (`r<line>`). */
+const taskKey = (rolloutId: string) => rolloutId.slice(rolloutId.indexOf('.') + 1);
+
+function results(): {
+  run_id: string;
+  rollout_id: string;
+  attempt: number;
+  result: { reward: number };
+}[] {
   const path = join(dir, 'results.jsonl');
   if (!existsSync(path)) return [];
   return readFileSync(path, 'utf8')
@@ -107,7 +115,8 @@ test('SIGTERM checkpoints with stop and exits 75; --resume after a crash writes 
   expect(await second.exit).toBe(ExitCode.OK);
 
   const rows = results();
-  expect(rows.map((r) => r.rollout_id).sort()).toEqual(['r1', 'r2', 'r3', 'r4']);
+  expect(rows.map((r) => taskKey(r.rollout_id)).sort()).toEqual(['r1', 'r2', 'r3', 'r4']);
+  expect(new Set(rows.map((r) => r.run_id)).size).toBe(1);
   expect(rows.every((r) => r.result.reward === 1)).toBe(true);
   // The one finished before the checkpoint ran once; the others continued as attempt 1.
   expect(rows.map((r) => r.attempt).sort()).toEqual([0, 1, 1, 1]);
@@ -129,12 +138,16 @@ test('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
     return calls.filter((c) => c.held && !c.returned).length === 2;
   });
   collection.child.kill('SIGUSR1');
-  const checkpoints = join(dir, 'results.jsonl.checkpoints');
-  await until('a published checkpoint', () => latestCheckpoint(checkpoints) !== undefined);
-  expect(latestCheckpoint(checkpoints)!.record.episode_ids).toEqual(['r1', 'r2']);
+  const checkpoints = new CollectionDir(join(dir, 'results.jsonl.checkpoints'));
+  await until('a published checkpoint', () => checkpoints.latest() !== undefined);
+  const continued = checkpoints.latest()!.manifest.continued;
+  expect(continued.map((e) => [taskKey(e.rollout_id), e.attempt])).toEqual([
+    ['r1', 0],
+    ['r2', 0],
+  ]);
   await backend('/_ctl/release', {});
   expect(await collection.exit).toBe(ExitCode.OK);
-  expect(results().map((r) => [r.rollout_id, r.attempt, r.result.reward])).toEqual(
+  expect(results().map((r) => [taskKey(r.rollout_id), r.attempt, r.result.reward])).toEqual(
     expect.arrayContaining([
       ['r1', 0, 1],
       ['r2', 0, 1],
@@ -168,7 +181,7 @@ test('--resume without a checkpoint retires each rollout at its journaled attemp
 
   const second = runCli([...config, '--resume']);
   expect(await second.exit).toBe(ExitCode.OK);
-  expect(results().map((r) => [r.rollout_id, r.attempt, r.result.reward])).toEqual(
+  expect(results().map((r) => [taskKey(r.rollout_id), r.attempt, r.result.reward])).toEqual(
     expect.arrayContaining([
       ['r1', 1, 1],
       ['r2', 1, 1],
@@ -177,30 +190,20 @@ test('--resume without a checkpoint retires each rollout at its journaled attemp
   expect(results()).toHaveLength(2);
 }, 180_000);
 
-test('--resume refuses a controller.json it cannot trust, naming the file', () => {
+test('LATEST naming a checkpoint without a readable collection.json is refused, naming the file', () => {
   const root = mkdtempSync(join(tmpdir(), 'ckpt-gym-latest-'));
   try {
-    const path = join(root, 'ckpt-1', 'controller.json');
+    const collection = new CollectionDir(root);
+    expect(collection.latest()).toBeUndefined();
+    writeFileSync(join(root, 'LATEST'), 'ckpt-1\n');
+    const path = join(root, 'ckpt-1', 'collection.json');
+    expect(() => collection.latest()).toThrow(`LATEST names ckpt-1, which has no ${path}`);
     mkdirSync(join(root, 'ckpt-1'));
-    const record = {
-      schema_version: 1,
-      checkpoint_id: 'ckpt-1',
-      published_at: 'yesterday',
-      episode_ids: ['r1'],
-      restarts: [],
-      record_counts: { env: 1 },
-    };
-    writeFileSync(path, JSON.stringify(record));
-    expect(() => latestCheckpoint(root)).toThrow(
-      expect.objectContaining({
-        code: 'invalid_checkpoint_state',
-        message: `${path} has no published_at time`,
-      }),
-    );
-    writeFileSync(path, '{"schema_version": 1,');
-    expect(() => latestCheckpoint(root)).toThrow(new RegExp(`^${path} is not JSON`));
-    writeFileSync(path, JSON.stringify({ ...record, published_at: 1 }));
-    expect(latestCheckpoint(root)?.record.checkpoint_id).toBe('ckpt-1');
+    writeFileSync(path, '{"checkpoint_id": "ckpt-1",');
+    expect(() => collection.latest()).toThrow(`${path} is not a collection manifest`);
+    const manifest = { checkpoint_id: 'ckpt-1', run_id: 'run-a', leg: 0, created_at: 1 };
+    writeFileSync(path, JSON.stringify({ ...manifest, continued: [], restarted: [] }));
+    expect(collection.latest()?.manifest.run_id).toBe('run-a');
   } finally {
     rmSync(root, { recursive: true, force: true });
   }

@@ -1,7 +1,8 @@
 /** Helpers the checkpoint commands share. */
 import type { ControlReply, Participants, Replies } from '@ckpt-gym/core';
 
-import { CliFailure, type CommandContext } from '../context.js';
+import { parseCommandLine } from '../args.js';
+import { CliFailure, CommandContext } from '../context.js';
 import { formatSeconds } from '../output.js';
 import { openCheckpointId } from '../scope.js';
 
@@ -81,4 +82,14 @@ export function union(lists: Iterable<readonly string[]>): string[] {
   const all = new Set<string>();
   for (const list of lists) for (const key of list) all.add(key);
   return [...all].sort();
+}
+
+/** A context for another command (`checkpoint`, `restore`, …) on the same stack file and io. */
+export function subContext(ctx: CommandContext, argv: string[]): CommandContext {
+  const parsed = parseCommandLine([...argv, '--config', ctx.configPath]);
+  if (parsed.kind !== 'invoke') throw new Error(`bad internal command line: ${argv.join(' ')}`);
+  return new CommandContext(
+    { ...parsed.invocation, deadlineSeconds: ctx.invocation.deadlineSeconds },
+    ctx.io,
+  );
 }

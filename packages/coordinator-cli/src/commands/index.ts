@@ -3,6 +3,7 @@ import type { CommandName } from '../args.js';
 import type { CommandContext } from '../context.js';
 import type { CommandResult } from '../output.js';
 import { checkpointCommand } from './checkpoint.js';
+import { checkpointNowCommand } from './checkpoint-now.js';
 import { commitCommand } from './commit.js';
 import { demoCommand } from './demo.js';
 import { discoverCommand } from './discover.js';
@@ -33,5 +34,6 @@ export const HANDLERS: Readonly<Record<CommandName, CommandHandler>> = {
   down: downCommand,
   crash: crashCommand,
   run: runCommand,
+  'checkpoint-now': checkpointNowCommand,
   demo: demoCommand,
 };

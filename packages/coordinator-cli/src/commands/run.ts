@@ -1,300 +1,246 @@
 /**
- * `run`: collect rollouts. Tasks from `--input` go to the stack's (first) environment server,
- * `--concurrency` at once; each reply is appended to `--output` once, with its attempt.
+ * `run`: collect rollouts, checkpointed as NeMo Gym's rollout collection is (#3893). Tasks from
+ * `--input` (ours, or NeMo Gym rows) go to an environment server of the stack, `--concurrency`
+ * at once; each outcome is appended to `--output` once.
  *
- * SIGUSR1 takes a checkpoint into `--checkpoint-dir/<id>` and goes on; SIGTERM takes one with
- * `stop` and exits 75. Every send is journaled (`<checkpoint-dir>/attempts.jsonl`) before it
- * leaves, so `--resume` knows the attempt each rollout last ran: it restores the latest published
- * checkpoint, re-sends the episodes it continued as their next attempt, retires every other
- * rollout without a result at its last attempt and re-sends it from its input, and skips rollouts
- * that already have a result.
+ * A run has an id, in every output row and at the head of its dispatch log; every rollout id is
+ * derived from it. A first leg refuses an output that already holds rows; `--resume` starts the
+ * next leg of the run its `--output` and `--checkpoint-dir` name (the rules: collection/resume.ts),
+ * and refuses an output of another run. Checkpoints: run-checkpoints.ts.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
-import { appendFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { readFileSync } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { resolve } from 'node:path';
+
+import { forget, retire, serversByKind, serverUrl } from '@ckpt-gym/core';
 
 import {
-  type EpisodeId,
-  forget,
-  nextAttempt,
-  parseCaptureKey,
-  type Participants,
-  resume,
-  retire,
-  serversByKind,
-  serverUrl,
-} from '@ckpt-gym/core';
-
-import { parseCommandLine } from '../args.js';
-import { Collector, type Dispatch, type InputTask, parseTasks } from '../collect.js';
-import { CliFailure, CommandContext, describe, generatedId } from '../context.js';
-import { ExitCode } from '../exit-codes.js';
-import { type CommandResult, table } from '../output.js';
-import { CONTROLLER_FILE, type ControllerRecord, parseControllerRecord } from '../publication.js';
-import { checkpointCommand } from './checkpoint.js';
-import { restoreCommand } from './restore.js';
-
-export const ATTEMPTS_FILE = 'attempts.jsonl';
-
-/** The latest published checkpoint under `dir` (by `published_at`), or undefined. */
-export function latestCheckpoint(
-  dir: string,
-): { dir: string; record: ControllerRecord } | undefined {
-  if (!existsSync(dir)) return undefined;
-  let latest: { dir: string; record: ControllerRecord } | undefined;
-  for (const entry of readdirSync(dir, { withFileTypes: true })) {
-    if (!entry.isDirectory()) continue;
-    const path = join(dir, entry.name, CONTROLLER_FILE);
-    if (!existsSync(path)) continue;
-    const record = parseControllerRecord(readFileSync(path, 'utf8'), path);
-    if (!latest || record.published_at > latest.record.published_at) {
-      latest = { dir: join(dir, entry.name), record };
-    }
-  }
-  return latest;
-}
-
-/** Rollout id → the highest attempt journaled. */
-export function journaledAttempts(text: string): Map<string, number> {
-  const attempts = new Map<string, number>();
-  for (const line of text.split('\n')) {
-    if (line.trim() === '') continue;
-    const { rollout_id: id, attempt } = JSON.parse(line) as EpisodeId;
-    attempts.set(id, Math.max(attempt, attempts.get(id) ?? -1));
-  }
-  return attempts;
-}
-
-/** Rollout ids that already have a result line. */
-export function finishedRollouts(text: string): Set<string> {
-  const done = new Set<string>();
-  for (const line of text.split('\n')) {
-    if (line.trim() === '') continue;
-    done.add((JSON.parse(line) as { rollout_id: string }).rollout_id);
-  }
-  return done;
-}
-
-function readText(path: string): string {
-  return existsSync(path) ? readFileSync(path, 'utf8') : '';
-}
-
-/** What a resume sends: continued episodes and restarts, each as its next attempt. */
-export function resumePlan(
-  tasks: readonly InputTask[],
-  finished: ReadonlySet<string>,
-  attempts: ReadonlyMap<string, number>,
-  scope: readonly EpisodeId[],
-): { continued: EpisodeId[]; retired: EpisodeId[]; fresh: string[] } {
-  const scoped = new Map(scope.map((e) => [e.rollout_id, e]));
-  const continued: EpisodeId[] = [];
-  const retired: EpisodeId[] = [];
-  const fresh: string[] = [];
-  for (const { rolloutId } of tasks) {
-    if (finished.has(rolloutId)) continue;
-    const inScope = scoped.get(rolloutId);
-    const last = attempts.get(rolloutId);
-    if (inScope !== undefined) continued.push(inScope);
-    else if (last !== undefined) retired.push({ rollout_id: rolloutId, attempt: last });
-    else fresh.push(rolloutId);
-  }
-  return { continued, retired, fresh };
-}
-
-/** A progress bar on a terminal; otherwise a line at every tenth of the way. */
-function progressBar(ctx: CommandContext, total: number): (done: number, inFlight: number) => void {
-  const tty = (ctx.io.stderr as { isTTY?: boolean }).isTTY === true;
-  let lastTenth = -1;
-  return (done, inFlight) => {
-    const width = 30;
-    const filled = total === 0 ? width : Math.round((done / total) * width);
-    const line = `[${'#'.repeat(filled)}${'.'.repeat(width - filled)}] ${done}/${total} done, ${inFlight} in flight`;
-    if (tty) {
-      ctx.io.stderr.write(`\r${line}${done === total ? '\n' : ''}`);
-      return;
-    }
-    const tenth = total === 0 ? 10 : Math.floor((done / total) * 10);
-    if (tenth !== lastTenth) {
-      lastTenth = tenth;
-      ctx.progress(line);
-    }
-  };
-}
+  Collector,
+  type InputFormat,
+  type InputTask,
+  inputTasks,
+  type ResultRow,
+} from '../collect.js';
+import { CollectionDir } from '../collection/files.js';
+import { newRunId } from '../collection/identity.js';
+import { type JsonRow, nemoOutputRow } from '../collection/nemo.js';
+import { captureFailures, Outputs } from '../collection/outputs.js';
+import { progressLine, tenth } from '../collection/progress.js';
+import { ckptOutputRow } from '../collection/rows.js';
+import { CliFailure, type CommandContext, describe, generatedId } from '../context.js';
+import { type CommandResult } from '../output.js';
+import { CollectionCheckpoints } from './run-checkpoints.js';
+import { dispatchOf, type Leg, type LegOutcome, type RunTasks, runTasksOf } from './run-leg.js';
+import { resumeLeg } from './run-resume.js';
+import { runSummary } from './run-summary.js';
 
 export async function runCommand(ctx: CommandContext): Promise<CommandResult> {
   const inv = ctx.invocation;
   const input = resolve(ctx.io.cwd, inv.input ?? '');
   const output = resolve(ctx.io.cwd, inv.output ?? '');
-  const checkpointRoot = resolve(ctx.io.cwd, inv.checkpointDir ?? `${inv.output}.checkpoints`);
-  let tasks: InputTask[];
+  const dir = new CollectionDir(
+    resolve(ctx.io.cwd, inv.checkpointDir ?? `${inv.output}.checkpoints`),
+  );
+  const { format, tasks } = readInput(ctx, input);
+  const outputs = new Outputs(output, format);
+  await mkdir(dir.root, { recursive: true });
+  const leg = inv.resume
+    ? await resumeLeg(ctx, dir, tasks, outputs)
+    : await firstLeg(ctx, dir, tasks, outputs);
+  const all = runTasksOf(leg.head.run_id, tasks);
+  const outcome = await collectLeg(ctx, { dir, outputs, leg, format, tasks: all });
+  if (outcome.stoppedAt === undefined) await cleanUp(ctx, leg, outcome);
+  return runSummary({ input, output: outputs, dir: dir.root, leg, total: all.size, outcome });
+}
+
+function readInput(
+  ctx: CommandContext,
+  input: string,
+): { format: InputFormat; tasks: InputTask[] } {
+  const inv = ctx.invocation;
   try {
-    tasks = parseTasks(readFileSync(input, 'utf8'));
+    return inputTasks(readFileSync(input, 'utf8'), {
+      format: inv.format,
+      limit: inv.limit,
+      numRepeats: inv.numRepeats,
+    });
   } catch (err) {
     throw new CliFailure(`${input}: ${describe(err)}`);
   }
-  mkdirSync(checkpointRoot, { recursive: true });
-  const byId = new Map(tasks.map((t) => [t.rolloutId, t.task]));
-  const [envServer] = serversByKind(ctx.stack, 'environment');
-  if (!envServer) throw new CliFailure(`${ctx.configPath}: no environment server`);
-  const envUrl = serverUrl(ctx.stack, envServer.name);
-  const journal = join(checkpointRoot, ATTEMPTS_FILE);
-  const finished = finishedRollouts(readText(output));
+}
 
-  const total = tasks.length;
-  let done = finished.size;
-  let written = 0;
-  const bar = progressBar(ctx, total);
-  let writes = Promise.resolve();
-  const collector = new Collector({
-    envUrl,
-    concurrency: inv.concurrency,
+/** A new run: nothing of another run may be in its output, nor restored from its directory. */
+async function firstLeg(
+  ctx: CommandContext,
+  dir: CollectionDir,
+  tasks: readonly InputTask[],
+  outputs: Outputs,
+): Promise<Leg> {
+  const { finished, runs } = outputs.read();
+  if (finished.size > 0) {
+    throw new CliFailure(
+      `${outputs.path} already holds ${finished.size} outcome(s) of run ${[...runs].join(', ')}: ` +
+        'finish that run with --resume (and its --checkpoint-dir), or write to a new --output',
+    );
+  }
+  const previous = dir.readLog();
+  if (previous !== undefined) {
+    ctx.progress(`new run in ${dir.root}: run ${previous.run_id}'s checkpoints there are removed`);
+    dir.reset();
+  }
+  const head = { run_id: newRunId(), leg: 0 };
+  const dispatches = [...runTasksOf(head.run_id, tasks)].map(([id, t]) => dispatchOf(id, 0, t));
+  await dir.startLog(head, []);
+  return { head, dispatches, forgetLater: [], restoredFrom: null };
+}
+
+/** The environment server `run` collects through: `--server`, else the stack's first. */
+function environment(ctx: CommandContext): { url: string; flat: boolean } {
+  const name = ctx.invocation.server;
+  const envs = serversByKind(ctx.stack, 'environment');
+  const server = name === undefined ? envs[0] : envs.find((s) => s.name === name);
+  if (!server) {
+    throw new CliFailure(
+      `${ctx.configPath}: ${name === undefined ? 'no environment server' : `no environment server ${name}`}`,
+    );
+  }
+  const app = (server as { app?: unknown }).app;
+  return { url: serverUrl(ctx.stack, server.name), flat: app === 'single_agent_turn_legacy' };
+}
+
+interface LegContext {
+  readonly dir: CollectionDir;
+  readonly outputs: Outputs;
+  readonly leg: Leg;
+  readonly format: InputFormat;
+  readonly tasks: RunTasks;
+}
+
+/** Sends the leg's dispatches, writes each outcome, takes the checkpoints asked for. */
+async function collectLeg(ctx: CommandContext, run: LegContext): Promise<LegOutcome> {
+  const { leg, outputs } = run;
+  const finished = outputs.read().finished;
+  const counts = { written: 0, failed: 0 };
+  const lost: LegOutcome['lost'] = [];
+  const captureFailed: LegOutcome['captureFailed'] = [];
+  const bar = progressBar(ctx, run.tasks.size, finishedAmong(finished, run.tasks));
+  const env = environment(ctx);
+  const collector: Collector = new Collector({
+    envUrl: env.url,
+    flat: env.flat,
+    concurrency: ctx.invocation.concurrency,
     client: ctx.clients.data,
-    onSend: (d) => appendFile(journal, `${JSON.stringify(d.episode)}\n`),
-    onResult: (row) => {
-      if (finished.has(row.rollout_id)) return undefined;
+    onSend: (d) => run.dir.logSend(d.episode),
+    onLost: (d, reason) => lost.push({ episode: d.episode, reason }),
+    onResult: async (row) => {
+      if (finished.has(row.rollout_id)) return;
       finished.add(row.rollout_id);
-      writes = writes.then(() => appendFile(output, `${JSON.stringify(row)}\n`));
-      done += 1;
-      written += 1;
-      bar(done, collector.inFlight.size - 1);
-      return writes;
+      const failures = captureFailures(ctx.stack.tokenCapture, row);
+      if (failures.length > 0) captureFailed.push({ episode: row, failures });
+      const out = outputRow(run, row, failures);
+      counts.written += 1;
+      if (out.failed) counts.failed += 1;
+      bar(finishedAmong(finished, run.tasks), collector.inFlight.size - 1);
+      await outputs.write(out.row, out.failed);
     },
   });
-
-  // What to send: everything without a result, or (resume) the plan from the checkpoint.
-  let dispatches: Dispatch[];
-  let participants: Participants | undefined;
-  const forgetLater: string[] = [];
-  let restoredFrom: string | null = null;
-  if (inv.resume) {
-    participants = await ctx.participants();
-    const latest = latestCheckpoint(checkpointRoot);
-    const scope = latest ? latest.record.episode_ids.map(parseCaptureKey) : [];
-    if (latest) {
-      restoredFrom = latest.dir;
-      const restoreCtx = subContext(ctx, ['restore', '--dir', latest.dir]);
-      try {
-        const restored = await restoreCommand(restoreCtx);
-        await resume(participants, String(restored.data.checkpoint_id), ctx.deadlineTs());
-      } finally {
-        restoreCtx.close();
-      }
-    }
-    const plan = resumePlan(tasks, finished, journaledAttempts(readText(journal)), scope);
-    if (plan.retired.length > 0) {
-      await retire(participants, generatedId('retire'), plan.retired, ctx.deadlineTs());
-    }
-    forgetLater.push(...[...plan.continued, ...plan.retired].map((e) => e.rollout_id));
-    dispatches = [
-      ...[...plan.continued, ...plan.retired].map(nextAttempt),
-      ...plan.fresh.map((id) => ({ rollout_id: id, attempt: 0 })),
-    ].map((episode) => ({ episode, task: byId.get(episode.rollout_id)! }));
-    ctx.progress(
-      `resume${latest ? ` from ${latest.dir}` : ' (no checkpoint)'}: ${plan.continued.length} continued, ` +
-        `${plan.retired.length} restarted, ${plan.fresh.length} not started, ${finished.size} finished`,
-    );
-  } else {
-    dispatches = tasks
-      .filter((t) => !finished.has(t.rolloutId))
-      .map((t) => ({ episode: { rollout_id: t.rolloutId, attempt: 0 }, task: t.task }));
-  }
-
-  // Checkpoints on signals: SIGUSR1 goes on, SIGTERM stops.
-  let stopped: string | undefined;
-  let checkpoints: string[] = [];
-  let checkpointing = Promise.resolve();
-  const takeCheckpoint = (stop: boolean) => {
-    checkpointing = checkpointing.then(async () => {
-      if (stopped !== undefined) return;
-      collector.pause();
-      const id = generatedId('ckpt');
-      const sub = subContext(ctx, [
-        'checkpoint',
-        '--id',
-        id,
-        '--dir',
-        join(checkpointRoot, id),
-        ...(stop ? ['--stop'] : []),
-      ]);
-      try {
-        const result = await checkpointCommand(sub);
-        ctx.progress(result.text);
-        if (result.exitCode === ExitCode.OK) {
-          checkpoints = [...checkpoints, id];
-          if (stop) {
-            stopped = id;
-            collector.abort();
-          }
-        }
-      } catch (err) {
-        ctx.progress(`checkpoint failed: ${describe(err)}`);
-      } finally {
-        sub.close();
-        if (stopped === undefined) collector.unpause();
-      }
-    });
-  };
-  const onUsr1 = () => takeCheckpoint(false);
-  const onTerm = () => takeCheckpoint(true);
-  process.on('SIGUSR1', onUsr1);
-  process.on('SIGTERM', onTerm);
+  const checkpoints = new CollectionCheckpoints(ctx, run.dir, leg.head, collector);
+  const uninstall = checkpoints.install(ctx.invocation.checkpointEverySeconds);
+  await run.dir.writePid(process.pid);
+  ctx.progress(
+    `run ${leg.head.run_id} (leg ${leg.head.leg}): collector pid ${process.pid}; ` +
+      `checkpoint it with: ckpt-gym checkpoint-now --checkpoint-dir ${run.dir.root}`,
+  );
   try {
-    bar(done, 0);
-    collector.enqueue(dispatches);
+    collector.enqueue(leg.dispatches);
     await collector.settled();
-    await checkpointing;
-    await writes;
+    await checkpoints.settled();
+    await outputs.flushed();
   } finally {
-    process.off('SIGUSR1', onUsr1);
-    process.off('SIGTERM', onTerm);
+    uninstall();
+    run.dir.removePid();
   }
-
-  const data = {
-    input,
-    output,
-    checkpoint_dir: checkpointRoot,
-    restored_from: restoredFrom,
-    total,
-    written,
-    finished: finished.size,
-    checkpoints,
-    lost: [...collector.lost.values()].map((l) => ({
-      episode_id: l.dispatch.episode,
-      reason: l.reason,
-    })),
-  };
-  if (stopped !== undefined) {
-    return {
-      exitCode: ExitCode.COLLECTION_STOPPED,
-      data: { ...data, stopped_at: stopped },
-      text: `stopped after checkpoint ${stopped}: ${finished.size}/${total} finished; continue with --resume after the stack is back`,
-    };
-  }
-  if (participants && forgetLater.length > 0) {
-    await forget(participants, generatedId('forget'), forgetLater, ctx.deadlineTs()).catch(
-      (err: unknown) => ctx.progress(`warning: forget failed: ${describe(err)}`),
-    );
-  }
-  const lostRows = data.lost.map((l) => [
-    `${l.episode_id.rollout_id}-a${l.episode_id.attempt}`,
-    l.reason,
-  ]);
   return {
-    exitCode: collector.lost.size === 0 ? ExitCode.OK : ExitCode.FAILURE,
-    data,
-    text: [
-      `${written} result(s) written to ${output}; ${finished.size}/${total} finished`,
-      ...(lostRows.length > 0 ? ['', 'no result for:', table(['EPISODE', 'WHY'], lostRows)] : []),
-    ].join('\n'),
+    ...counts,
+    finished: finishedAmong(finished, run.tasks),
+    lost,
+    captureFailed,
+    checkpoints: checkpoints.published,
+    stoppedAt: checkpoints.stoppedAt,
   };
 }
 
-/** A context for one of the checkpoint commands, on the same stack file and io. */
-function subContext(ctx: CommandContext, argv: string[]): CommandContext {
-  const parsed = parseCommandLine([...argv, '--config', ctx.configPath]);
-  if (parsed.kind !== 'invoke') throw new Error(`bad internal command line: ${argv.join(' ')}`);
-  return new CommandContext(
-    { ...parsed.invocation, deadlineSeconds: ctx.invocation.deadlineSeconds },
-    ctx.io,
-  );
+function finishedAmong(finished: ReadonlySet<string>, tasks: RunTasks): number {
+  let n = 0;
+  for (const id of tasks.keys()) if (finished.has(id)) n += 1;
+  return n;
+}
+
+/** The output row of a reply: NeMo Gym's shape for NeMo Gym rows, else ours. */
+function outputRow(
+  run: LegContext,
+  row: ResultRow,
+  failures: readonly string[],
+): { failed: boolean; row: JsonRow } {
+  const runId = run.leg.head.run_id;
+  const task = run.tasks.get(row.rollout_id);
+  if (run.format === 'nemo' && task?.row !== undefined) {
+    const ids = { runId, rolloutId: row.rollout_id, attempt: row.attempt };
+    return nemoOutputRow({ key: task.key, row: task.row }, ids, {
+      ...row,
+      captureFailures: failures,
+    });
+  }
+  return {
+    failed: row.failure !== null || failures.length > 0,
+    row: ckptOutputRow(runId, row, failures),
+  };
+}
+
+/**
+ * A progress bar with rate and ETA on a terminal, else a line at every tenth of the way; the
+ * rate counts only what this leg finished.
+ */
+function progressBar(ctx: CommandContext, total: number, doneBefore: number) {
+  const tty = (ctx.io.stderr as { isTTY?: boolean }).isTTY === true;
+  const started = ctx.nowSeconds();
+  let lastTenth = -1;
+  const draw = (done: number, inFlight: number) => {
+    const state = {
+      done,
+      total,
+      inFlight,
+      doneHere: done - doneBefore,
+      elapsedSeconds: ctx.nowSeconds() - started,
+    };
+    if (tty) {
+      ctx.io.stderr.write(`\r${progressLine(state, true)}${done >= total ? '\n' : ''}`);
+      return;
+    }
+    if (tenth(done, total) === lastTenth) return;
+    lastTenth = tenth(done, total);
+    ctx.progress(progressLine(state, false));
+  };
+  draw(doneBefore, 0);
+  return draw;
+}
+
+/**
+ * After a leg that was not stopped: rows whose `/run` got no reply are retired everywhere (a
+ * harness may still run them; a later leg restarts them), then every rollout the leg retired or
+ * restored is forgotten. Both best effort: the stack may be gone.
+ */
+async function cleanUp(ctx: CommandContext, leg: Leg, outcome: LegOutcome): Promise<void> {
+  const rollouts = [...leg.forgetLater, ...outcome.lost.map((l) => l.episode.rollout_id)];
+  if (rollouts.length === 0) return;
+  try {
+    const participants = leg.participants ?? (await ctx.participants());
+    if (outcome.lost.length > 0) {
+      const episodes = outcome.lost.map((l) => l.episode);
+      await retire(participants, generatedId('retire'), episodes, ctx.deadlineTs());
+    }
+    await forget(participants, generatedId('forget'), [...new Set(rollouts)], ctx.deadlineTs());
+  } catch (err) {
+    ctx.progress(`warning: retire/forget after the run failed: ${describe(err)}`);
+  }
 }
