@@ -56,8 +56,11 @@ export interface GymRouteDeclaration<B, A, R> {
   /** Runs once the request is over (after the reply, or after a failure), for what `admit` gave. */
   readonly release?: (admitted: A) => void;
   readonly run: (ctx: RequestContext<B>, admitted: A) => Promise<R> | R;
-  /** Writes the result; by default `res.json(result)`. */
-  readonly reply?: (res: Response, result: R, ctx: RequestContext<B>) => void;
+  /**
+   * Writes the result; by default `res.json(result)`. `'streamed'`: the handler wrote the
+   * response itself (a stream), or nothing when its client left.
+   */
+  readonly reply?: ((res: Response, result: R, ctx: RequestContext<B>) => void) | 'streamed';
 }
 
 /** A declared route, ready to mount. */
@@ -102,8 +105,8 @@ async function serve<B, A, R>(
   const admitted = route.admit ? await route.admit(ctx) : (undefined as A);
   try {
     const result = await route.run(ctx, admitted);
-    if (route.reply) route.reply(res, result, ctx);
-    else res.json(result);
+    if (route.reply === undefined) res.json(result);
+    else if (route.reply !== 'streamed') route.reply(res, result, ctx);
   } finally {
     route.release?.(admitted);
   }
