@@ -372,26 +372,12 @@ async function forward(
     if (!answer || !ledger || !lineage || ticket.captureKey === undefined) return;
     // Published before any byte of the answer, outside every signal: a retire or a checkpoint
     // that arrives now waits for it (the ticket stays tracked, its response counts as started).
-    const row = ledgerRow(ticket, route, requestDigest, stream, answer, lineage);
-    try {
-      const outcome = await ledger.append(ticket.captureKey, row);
-      if (outcome === 'discarded') {
-        logger.warn('capture ledger row discarded: the attempt is retired', {
-          capture_key: ticket.captureKey,
-          model_call_id: ticket.id,
-          staging_key: row.staging_key,
-        });
-      }
-    } catch (err) {
-      logger.error('capture ledger write failed; the call is poisoned', {
-        capture_key: ticket.captureKey,
-        model_call_id: ticket.id,
-        error: (err as Error).message,
-      });
-      throw new PoisonedCallError(
-        `the capture ledger write for model call ${ticket.id} failed; no answer is sent`,
-      );
-    }
+    await publishRow(
+      options,
+      ledger,
+      ticket,
+      ledgerRow(ticket, route, requestDigest, stream, answer, lineage),
+    );
   });
 
   try {
@@ -420,28 +406,7 @@ async function forward(
     );
     const isSse = (upstream.headers['content-type'] ?? '').includes('text/event-stream');
     if (!isOk(upstream) || !isSse) {
-      const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
-      if (!isOk(upstream)) {
-        await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
-        held.end(text);
-        return;
-      }
-      const completion = parseJson(text);
-      if (!isObj(completion))
-        throw upstreamError(
-          options,
-          'answered with no JSON object',
-          `HTTP 200 ${text.slice(0, 200)}`,
-        );
-      const answer = {
-        responseId:
-          route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
-        usage: isObj(completion.usage) ? completion.usage : undefined,
-        coords: completion.ng_commit_coords,
-        message: firstChoiceMessage(completion),
-      };
-      await held.start(200, JSON_HEADERS, answer);
-      held.end(route === 'responses' ? JSON.stringify(chatToResponse(body, completion)) : text);
+      await relayJson(options, call, upstream, held);
       return;
     }
     await fromBackend(options, 'broke off its answer', () =>
@@ -453,6 +418,62 @@ async function forward(
     if (!clientSignal.aborted) warnBackendFailure(logger, err);
     throw err;
   }
+}
+
+/** Appends a delivered call's ledger row; a failed write poisons the call (no answer is sent). */
+async function publishRow(
+  { logger }: ProxyOptions,
+  ledger: CaptureLedger,
+  ticket: Ticket,
+  row: JsonObject,
+): Promise<void> {
+  const captureKey = ticket.captureKey!;
+  try {
+    const outcome = await ledger.append(captureKey, row);
+    if (outcome === 'discarded') {
+      logger.warn('capture ledger row discarded: the attempt is retired', {
+        capture_key: captureKey,
+        model_call_id: ticket.id,
+        staging_key: row.staging_key,
+      });
+    }
+  } catch (err) {
+    logger.error('capture ledger write failed; the call is poisoned', {
+      capture_key: captureKey,
+      model_call_id: ticket.id,
+      error: (err as Error).message,
+    });
+    throw new PoisonedCallError(
+      `the capture ledger write for model call ${ticket.id} failed; no answer is sent`,
+    );
+  }
+}
+
+/** Relays a one-piece answer: a backend error as it is, a completion (converted for Responses). */
+async function relayJson(
+  options: ProxyOptions,
+  { route, body }: Generation,
+  upstream: IncomingMessage,
+  held: HeldResponse,
+): Promise<void> {
+  const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
+  if (!isOk(upstream)) {
+    await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
+    held.end(text);
+    return;
+  }
+  const completion = parseJson(text);
+  if (!isObj(completion))
+    throw upstreamError(options, 'answered with no JSON object', `HTTP 200 ${text.slice(0, 200)}`);
+  const answer = {
+    responseId:
+      route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
+    usage: isObj(completion.usage) ? completion.usage : undefined,
+    coords: completion.ng_commit_coords,
+    message: firstChoiceMessage(completion),
+  };
+  await held.start(200, JSON_HEADERS, answer);
+  held.end(route === 'responses' ? JSON.stringify(chatToResponse(body, completion)) : text);
 }
 
 function firstChoiceMessage(completion: Obj): unknown {
