@@ -73,17 +73,8 @@ export function untrackedEpisode(key: string, signal: AbortSignal): EpisodeConte
 }
 
 export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
-  const { http, settings, body, episode, ep } = parts;
-  const url = (path: string) =>
-    episode
-      ? withRolloutPrefix(settings.resourcesServerUrl, episode, path)
-      : `${settings.resourcesServerUrl}${path}`;
-  const post = async (target: string, json: unknown, headers: Record<string, string>) => {
-    const res = await postUpstream(http, target, { json, headers, signal: ep.signal });
-    const parsed = parse(res.body);
-    if (res.statusCode < 200 || res.statusCode >= 300) throw errorFromBody(res.statusCode, parsed);
-    return { body: parsed as JsonObject, headers: res.headers };
-  };
+  const { settings, body, episode, ep } = parts;
+  const { url, post } = runCalls(parts);
 
   const cont = (ep.continuation() ?? {}) as Boundary;
   let stage = (cont.next as Stage | undefined) ?? 'seed';
@@ -148,16 +139,35 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
     await ep.boundary({ next: 'return', response, result, close: closeAfter, cookies });
   }
   ep.finishing();
-  if (closeAfter) {
-    try {
-      await post(url('/close_session'), {}, cookieHeader(cookies));
-    } catch (err) {
-      parts.logger.warn('closing the resources session after /run failed; the verdict stands', {
-        error: (err as Error).message,
-      });
-    }
-  }
+  if (closeAfter) await closeAfterRun(parts, cookies);
   return withTrajectory(result ?? {});
+}
+
+/** The calls of a run: resources URLs under the episode's prefix, and a POST that checks its answer. */
+function runCalls({ http, settings, episode, ep }: LegacyRunParts) {
+  const url = (path: string) =>
+    episode
+      ? withRolloutPrefix(settings.resourcesServerUrl, episode, path)
+      : `${settings.resourcesServerUrl}${path}`;
+  const post = async (target: string, json: unknown, headers: Record<string, string>) => {
+    const res = await postUpstream(http, target, { json, headers, signal: ep.signal });
+    const parsed = parse(res.body);
+    if (res.statusCode < 200 || res.statusCode >= 300) throw errorFromBody(res.statusCode, parsed);
+    return { body: parsed as JsonObject, headers: res.headers };
+  };
+  return { url, post };
+}
+
+/** Closes the resources session a replayable verify left open; a failure leaves the verdict. */
+async function closeAfterRun(parts: LegacyRunParts, cookies: Record<string, string>) {
+  const { url, post } = runCalls(parts);
+  try {
+    await post(url('/close_session'), {}, cookieHeader(cookies));
+  } catch (err) {
+    parts.logger.warn('closing the resources session after /run failed; the verdict stands', {
+      error: (err as Error).message,
+    });
+  }
 }
 
 /** `/run` returns the loop's trajectory as `ng_trajectory`, outside its response. */

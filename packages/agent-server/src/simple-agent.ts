@@ -152,10 +152,33 @@ export interface LoopResult {
 }
 
 /**
- * The turn loop. `jar` is the resources cookie jar the tools see (null: none); the result's state
- * carries the jar after the loop.
+ * A builder of the loop's state at a boundary. Lists only grow, so a builder that pins their
+ * lengths now still yields this boundary's state when it is called later.
  */
-export async function runTurnLoop(parts: {
+function boundaryState(st: LoopState): () => JsonObject {
+  const pinned = {
+    step: st.step,
+    pending_tools: st.pending_tools,
+    outputs: st.new_outputs.length,
+    usage: st.usage,
+    last_model_response: st.last_model_response,
+    model_server_cookies: st.model_server_cookies,
+    resources_server_cookies: st.resources_server_cookies,
+    questions: st.question_outputs.length,
+  };
+  return () => ({
+    step: pinned.step,
+    pending_tools: pinned.pending_tools,
+    new_outputs: st.new_outputs.slice(0, pinned.outputs),
+    usage: pinned.usage,
+    last_model_response: pinned.last_model_response,
+    model_server_cookies: pinned.model_server_cookies,
+    resources_server_cookies: pinned.resources_server_cookies,
+    question_outputs: st.question_outputs.slice(0, pinned.questions),
+  });
+}
+
+export interface TurnLoopParts {
   http: Got;
   config: SimpleAgentConfig;
   body: JsonObject;
@@ -165,9 +188,42 @@ export async function runTurnLoop(parts: {
   tools: ToolTarget | null;
   jar: Record<string, string> | null;
   modelCookies: Record<string, string>;
-}): Promise<LoopResult> {
-  const { http, config, body, episode, handle } = parts;
-  const input = inputItems(body.input);
+}
+
+/** One model call of the loop, its answer folded into the loop's state; returns the answer. */
+async function askModel(
+  { http, config, body, episode, handle }: TurnLoopParts,
+  st: LoopState,
+  input: JsonObject[],
+): Promise<JsonObject> {
+  st.step += 1;
+  const question = [...input, ...st.new_outputs];
+  const reply = await handle.awaitingModel(() =>
+    callModel(
+      http,
+      config.modelServerUrl,
+      episode,
+      { ...body, input: question },
+      st.model_server_cookies,
+      handle.signal,
+    ),
+  );
+  st.question_outputs = [...st.question_outputs, st.new_outputs.length];
+  st.model_server_cookies = mergeSetCookies(st.model_server_cookies, reply.setCookie) ?? {};
+  const output = Array.isArray(reply.body.output) ? (reply.body.output as JsonObject[]) : [];
+  st.new_outputs = [...st.new_outputs, ...output];
+  st.usage = addUsage(st.usage, reply.body.usage);
+  st.last_model_response = { ...reply.body, usage: null };
+  return reply.body;
+}
+
+/**
+ * The turn loop. `jar` is the resources cookie jar the tools see (null: none); the result's state
+ * carries the jar after the loop.
+ */
+export async function runTurnLoop(parts: TurnLoopParts): Promise<LoopResult> {
+  const { http, config, handle } = parts;
+  const input = inputItems(parts.body.input);
   const restored = handle.continuation ? parseLoopState(handle.continuation) : null;
   const st: LoopState = restored ?? {
     step: 0,
@@ -179,54 +235,16 @@ export async function runTurnLoop(parts: {
     resources_server_cookies: parts.jar,
     question_outputs: [],
   };
-  // Lists only grow, so a builder that pins lengths still yields the boundary's state later.
-  const snapshot = (): (() => JsonObject) => {
-    const pinned = {
-      step: st.step,
-      pending_tools: st.pending_tools,
-      outputs: st.new_outputs.length,
-      usage: st.usage,
-      last_model_response: st.last_model_response,
-      model_server_cookies: st.model_server_cookies,
-      resources_server_cookies: st.resources_server_cookies,
-      questions: st.question_outputs.length,
-    };
-    return () => ({
-      step: pinned.step,
-      pending_tools: pinned.pending_tools,
-      new_outputs: st.new_outputs.slice(0, pinned.outputs),
-      usage: pinned.usage,
-      last_model_response: pinned.last_model_response,
-      model_server_cookies: pinned.model_server_cookies,
-      resources_server_cookies: pinned.resources_server_cookies,
-      question_outputs: st.question_outputs.slice(0, pinned.questions),
-    });
-  };
+  const snapshot = () => boundaryState(st);
   let status: 'completed' | 'incomplete' = 'completed';
   let termination: JsonObject | null = null;
 
   while (true) {
     if (!st.pending_tools) {
       await handle.boundary(snapshot());
-      st.step += 1;
-      const question = [...input, ...st.new_outputs];
-      const reply = await handle.awaitingModel(() =>
-        callModel(
-          http,
-          config.modelServerUrl,
-          episode,
-          { ...body, input: question },
-          st.model_server_cookies,
-          handle.signal,
-        ),
-      );
-      st.question_outputs = [...st.question_outputs, st.new_outputs.length];
-      st.model_server_cookies = mergeSetCookies(st.model_server_cookies, reply.setCookie) ?? {};
-      const output = Array.isArray(reply.body.output) ? (reply.body.output as JsonObject[]) : [];
-      st.new_outputs = [...st.new_outputs, ...output];
-      st.usage = addUsage(st.usage, reply.body.usage);
-      st.last_model_response = { ...reply.body, usage: null };
-      if (isObject(reply.body.incomplete_details)) {
+      const reply = await askModel(parts, st, input);
+      const output = Array.isArray(reply.output) ? (reply.output as JsonObject[]) : [];
+      if (isObject(reply.incomplete_details)) {
         status = 'incomplete';
         break;
       }
@@ -265,6 +283,17 @@ export async function runTurnLoop(parts: {
     }
   }
 
+  return loopResult(st, input, parts.invocationId, status, termination);
+}
+
+/** The loop's reply, with its final status and termination reason, and its trajectory. */
+function loopResult(
+  st: LoopState,
+  input: JsonObject[],
+  invocationId: string,
+  status: 'completed' | 'incomplete',
+  termination: JsonObject | null,
+): LoopResult {
   const last = st.last_model_response ?? {};
   const response: JsonObject = { ...last, output: st.new_outputs, usage: st.usage };
   if (status === 'incomplete') response.status = 'incomplete';
@@ -274,7 +303,7 @@ export async function runTurnLoop(parts: {
       ...termination,
     };
   const trajectory: JsonObject = {
-    invocation_id: parts.invocationId,
+    invocation_id: invocationId,
     status,
     turns: rebuildQuestions(input, st.new_outputs, st.question_outputs).map((question) => ({
       question,

@@ -20,3 +20,4 @@ export * from './capture/index.js';
 export * from './headers.js';
 export { checkChatMessages } from './openai.js';
 export * from './wire/index.js';
+export * from './route.js';

@@ -12,13 +12,14 @@ import {
   encodeJson,
   type EpisodeContext,
   type GymApp,
-  type JsonObject,
-  jsonBody,
+  gymRoute,
+  type GymRoute,
+  type JsonValue,
   type Logger,
-  requestSignal,
+  mountRoutes,
   StaleAttemptError,
 } from '@ckpt-gym/core';
-import type { Express } from 'express';
+import type { Express, Response } from 'express';
 
 import { episodeRequestFromRow, legacyReply } from './legacy.js';
 import { EnvironmentParticipant, type EnvironmentRecord } from './participant.js';
@@ -228,37 +229,50 @@ export function createEnvironmentServer(options: EnvironmentServerOptions): Envi
     cleanupTimeoutSeconds: options.cleanupTimeoutSeconds ?? DEFAULT_CLEANUP_TIMEOUT_SECONDS,
     logger: gym.logger,
   });
-  const legacy = options.legacy;
-
-  gym.app.post('/run', jsonBody(RUN_BODY_LIMIT), async (req, res, next) => {
-    try {
-      const signal = requestSignal(req, res);
-      let body: JsonObject | EpisodeReply;
-      if (legacy) {
-        const request = episodeRequestFromRow(req.body, legacy.defaultTaskset);
-        body = legacyReply(await runner.run(request, signal));
-      } else {
-        body = await runner.run(parseEpisodeRequest(req.body), signal);
-      }
-      res.type('application/json').send(encodeJson(body));
-    } catch (err) {
-      next(err);
-    }
-  });
-  const protocol = options.protocol;
-  if (protocol.aggregateMetrics) {
-    gym.app.post('/aggregate_metrics', jsonBody(RUN_BODY_LIMIT), async (req, res, next) => {
-      try {
-        const metrics = await protocol.aggregateMetrics!(
-          parseAggregateMetricsRequest(req.body),
-          requestSignal(req, res),
-        );
-        res.type('application/json').send(encodeJson(metrics));
-      } catch (err) {
-        next(err);
-      }
-    });
-  }
+  mountRoutes(gym.app, environmentRoutes(runner, options));
   gym.finish();
   return { app: gym.app, logger: gym.logger, participant, plane: gym.plane, runner };
+}
+
+/** Answers a reply object as faithful JSON (big integers and the like kept as sent). */
+function sendJson(res: Response, body: JsonValue | EpisodeReply): void {
+  res.type('application/json').send(encodeJson(body));
+}
+
+/** `/run` (native, or the legacy flat-row adapter) and, when the protocol has it, `/aggregate_metrics`. */
+function environmentRoutes(runner: EpisodeRunner, options: EnvironmentServerOptions): GymRoute[] {
+  const legacy = options.legacy;
+  const run = legacy
+    ? gymRoute({
+        method: 'post',
+        path: '/run',
+        episode: 'none',
+        body: {
+          limit: RUN_BODY_LIMIT,
+          parse: (row) => episodeRequestFromRow(row, legacy.defaultTaskset),
+        },
+        run: async ({ body, signal }) => legacyReply(await runner.run(body, signal)),
+        reply: sendJson,
+      })
+    : gymRoute({
+        method: 'post',
+        path: '/run',
+        episode: 'none',
+        body: { limit: RUN_BODY_LIMIT, parse: parseEpisodeRequest },
+        run: ({ body, signal }) => runner.run(body, signal),
+        reply: sendJson,
+      });
+  const metrics = options.protocol.aggregateMetrics?.bind(options.protocol);
+  if (!metrics) return [run];
+  return [
+    run,
+    gymRoute({
+      method: 'post',
+      path: '/aggregate_metrics',
+      episode: 'none',
+      body: { limit: RUN_BODY_LIMIT, parse: parseAggregateMetricsRequest },
+      run: ({ body, signal }) => metrics(body, signal),
+      reply: sendJson,
+    }),
+  ];
 }

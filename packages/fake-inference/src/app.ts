@@ -20,12 +20,13 @@ import {
   jsonBody,
   keepIdleConnections,
   LISTEN_BACKLOG,
+  gymRoute,
+  mountRoutes,
   notFoundMiddleware,
-  requestEpisode,
-  requestSignal,
+  type RequestContext,
   rolloutPrefixMiddleware,
 } from '@ckpt-gym/core';
-import express, { type Express, type Request, type Response } from 'express';
+import express, { type Express, type Response } from 'express';
 
 import { type CallRecord, CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';
 import {
@@ -47,6 +48,7 @@ import {
   parseStepBody,
 } from './holds.js';
 import {
+  type ChatRequest,
   type CompletionMeta,
   completionBody,
   completionChunks,
@@ -65,6 +67,7 @@ import {
 } from './script.js';
 
 export const DEFAULT_MODEL = 'fake-model';
+const BODY_LIMIT = '50mb';
 /** The name `/health` gives when none is set (a backend run by itself, outside a stack file). */
 export const DEFAULT_SERVER_NAME = 'fake-inference';
 
@@ -117,11 +120,8 @@ function keepAliveWhileWaiting(res: Response, intervalMs: number): () => void {
 
 async function chatCompletion(
   state: FakeInferenceState,
-  req: Request,
-  res: Response,
+  { res, body: request, episode, signal }: RequestContext<ChatRequest>,
 ): Promise<void> {
-  const request = parseChatRequest(req.body);
-  const episode = requestEpisode(req);
   const { record, rolloutCallIndex } = state.calls.admit({
     episode,
     n_messages: request.messages.length,
@@ -163,7 +163,7 @@ async function chatCompletion(
     const stopKeepAlive = request.stream
       ? keepAliveWhileWaiting(res, state.keepAliveMs)
       : () => undefined;
-    const released = await state.queue.wait(reason, requestSignal(req, res));
+    const released = await state.queue.wait(reason, signal);
     stopKeepAlive();
     if (id !== undefined && state.active.get(id) === capture) state.active.delete(id);
     if (!released) return;
@@ -340,15 +340,31 @@ export function createFakeInferenceApp(options: FakeInferenceOptions = {}): {
     res.json(health);
   });
   app.use(rolloutPrefixMiddleware());
-  app.use(jsonBody('50mb'));
-  app.get('/v1/models', (_req, res) => {
-    res.json(modelList(state.model));
-  });
-  app.post('/v1/chat/completions', (req, res) => chatCompletion(state, req, res));
-  app.post(GENERATION_CUT_ROUTE, (req, res) => {
-    res.json(cutRound(state.tokens, state.active, req.body));
-  });
-  app.use('/_ctl', controlRoutes(state));
+  mountRoutes(app, [
+    gymRoute({
+      method: 'get',
+      path: '/v1/models',
+      episode: 'none',
+      run: () => modelList(state.model),
+    }),
+    gymRoute({
+      method: 'post',
+      path: '/v1/chat/completions',
+      episode: 'optional',
+      body: { limit: BODY_LIMIT, parse: parseChatRequest },
+      run: (ctx) => chatCompletion(state, ctx),
+      reply: 'streamed',
+    }),
+    gymRoute({
+      method: 'post',
+      path: GENERATION_CUT_ROUTE,
+      episode: 'none',
+      body: { limit: BODY_LIMIT, parse: (body) => body },
+      run: ({ body }) => cutRound(state.tokens, state.active, body),
+    }),
+  ]);
+  // The test-control routes (hold, gate, step, script, ...) read plain JSON bodies.
+  app.use('/_ctl', jsonBody(BODY_LIMIT), controlRoutes(state));
   app.use(notFoundMiddleware());
   app.use(errorMiddleware(options.logger));
   return { app, state };

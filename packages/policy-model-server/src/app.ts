@@ -10,15 +10,15 @@ import {
   type ControlPlane,
   InvalidRequestError,
   InvalidRolloutIdError,
-  jsonBody,
+  gymRoute,
+  type GymRoute,
   type Logger,
+  mountRoutes,
   type ServerSettings,
   type StackSettings,
   bearerAuth,
   createHttpClients,
   createLogger,
-  toClientError,
-  sendError,
 } from '@ckpt-gym/core';
 import express, { type ErrorRequestHandler, type Express, type Router } from 'express';
 
@@ -216,31 +216,31 @@ export function removalIds(body: unknown): string[] {
 function captureControlRouter(ledger: CaptureLedger, gate: PolicyGate, token: string): Router {
   const router = express.Router();
   router.use(bearerAuth(token));
-  router.get('/rollouts/:id/manifest', async (req, res) => {
-    try {
-      res.json(await ledger.manifest(String(req.params.id)));
-    } catch (err) {
-      sendError(res, toClientError(err));
-    }
-  });
-  const removal =
-    (op: 'retire' | 'delete') =>
-    async (req: express.Request, res: express.Response): Promise<void> => {
-      try {
-        const ids = removalIds(req.body);
+  const removal = (op: 'retire' | 'delete'): GymRoute =>
+    gymRoute({
+      method: 'post',
+      path: `/rollouts/${op}`,
+      episode: 'none',
+      body: { limit: '4mb', parse: removalIds },
+      run: ({ body: ids }) => {
         if (!gate.accepting) {
           throw new AdmissionClosedError(
             'a checkpoint is open on this model server; retry ledger retire and delete after it resumes',
           );
         }
-        res.json(await (op === 'retire' ? ledger.retire(ids) : ledger.delete(ids)));
-      } catch (err) {
-        sendError(res, toClientError(err));
-      }
-    };
-  const json = jsonBody('4mb');
-  router.post('/rollouts/retire', json, removal('retire'));
-  router.post('/rollouts/delete', json, removal('delete'));
+        return op === 'retire' ? ledger.retire(ids) : ledger.delete(ids);
+      },
+    });
+  mountRoutes(router, [
+    gymRoute({
+      method: 'get',
+      path: '/rollouts/:id/manifest',
+      episode: 'none',
+      run: ({ req }) => ledger.manifest(String(req.params.id)),
+    }),
+    removal('retire'),
+    removal('delete'),
+  ]);
   router.use(undecodableIdError);
   return router;
 }

@@ -11,21 +11,19 @@ import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
 import {
   CkptGymError,
+  gymRoute,
+  type GymRoute,
   InternalError,
-  InvalidRequestError,
   type JsonObject,
-  jsonBody,
   type Logger,
   captureKey,
   checkChatMessages,
   conversationDigest,
-  requestEpisode,
-  requestSignal,
-  sendError,
+  mountRoutes,
   toClientError,
   UpstreamError,
 } from '@ckpt-gym/core';
-import express, { type Request, type Response, type Router } from 'express';
+import express, { type Response, type Router } from 'express';
 
 import type { GenerationCuts } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
@@ -234,39 +232,65 @@ class HeldResponse {
 
 export function createProxyRouter(options: ProxyOptions): Router {
   const router = express.Router();
-  const json = jsonBody(GENERATION_BODY_LIMIT);
   const backend = new BackendClient();
+  mountRoutes(router, [
+    modelsRoute(options, backend),
+    generationRoute(options, backend, 'chat.completions'),
+    generationRoute(options, backend, 'responses'),
+  ]);
+  return router;
+}
 
-  router.get('/v1/models', async (req, res) => {
-    const signal = requestSignal(req, res);
-    try {
-      const key = requestEpisode(req);
+/** `GET /v1/models`, relayed from the backend as it answers. */
+function modelsRoute(options: ProxyOptions, backend: BackendClient): GymRoute {
+  return gymRoute({
+    method: 'get',
+    path: '/v1/models',
+    episode: 'optional',
+    run: async ({ episode, signal }) => {
       const target = backendTarget(
         options.backendUrl,
-        key && captureKey(key),
+        episode && captureKey(episode),
         '/models',
         options.forwardRolloutPrefix,
       );
-      const upstream = await fromBackend(options, 'could not be reached', () =>
-        backend.request(target, { method: 'GET', headers: authHeaders(options), signal }),
-      );
-      const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
-      res
-        .status(upstream.statusCode ?? 502)
-        .type('application/json')
-        .send(text);
-    } catch (err) {
-      if (!signal.aborted) sendError(res, loggedFailure(options.logger, err));
-    }
+      try {
+        const upstream = await fromBackend(options, 'could not be reached', () =>
+          backend.request(target, { method: 'GET', headers: authHeaders(options), signal }),
+        );
+        const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
+        return { status: upstream.statusCode ?? 502, text };
+      } catch (err) {
+        if (!signal.aborted) warnBackendFailure(options.logger, err);
+        throw err;
+      }
+    },
+    reply: (res, { status, text }) => {
+      res.status(status).type('application/json').send(text);
+    },
   });
+}
 
-  router.post('/v1/chat/completions', json, (req, res) =>
-    generation(options, backend, 'chat.completions', req, res),
-  );
-  router.post('/v1/responses', json, (req, res) =>
-    generation(options, backend, 'responses', req, res),
-  );
-  return router;
+/**
+ * A generation route: the body is checked and converted before admission (a malformed call is
+ * the client's 422 and never waits), the gate admits it, `forward` answers it, and the ticket
+ * leaves in the lifecycle's release, the one place it does.
+ */
+function generationRoute(options: ProxyOptions, backend: BackendClient, route: Route): GymRoute {
+  const { gate } = options;
+  return gymRoute({
+    method: 'post',
+    path: route === 'responses' ? '/v1/responses' : '/v1/chat/completions',
+    episode: 'optional',
+    body: { limit: GENERATION_BODY_LIMIT, parse: (body) => checkedGeneration(route, body) },
+    admit: ({ episode, signal }) => gate.admit(episode, signal),
+    release: (ticket) => {
+      options.cuts?.left(ticket);
+      gate.exit(ticket);
+    },
+    run: ({ body, res, signal }, ticket) => forward(options, backend, body, ticket, res, signal),
+    reply: 'streamed',
+  });
 }
 
 function authHeaders(options: ProxyOptions): Record<string, string> {
@@ -295,85 +319,42 @@ async function fromBackend<T>(
 }
 
 /**
- * The error a failed call answers with, logged: a backend failure at warn with its cause (which
- * its detail leaves out), anything untyped as an unhandled 500 with its stack.
+ * Logs a backend failure at warn with its cause, which the client's detail leaves out (core's
+ * error middleware logs anything untyped as an unhandled 500).
  */
-function loggedFailure(logger: Logger, err: unknown): CkptGymError {
-  const error = toClientError(err);
-  if (error instanceof UpstreamError) {
-    logger.warn('the inference backend failed', {
-      detail: error.detail,
-      error: String(error.cause),
-    });
-  } else if (!(err instanceof CkptGymError)) {
-    logger.error('unhandled error', {
-      error: err instanceof Error ? (err.stack ?? err.message) : String(err),
-    });
+function warnBackendFailure(logger: Logger, err: unknown): void {
+  if (err instanceof UpstreamError) {
+    logger.warn('the inference backend failed', { detail: err.detail, error: String(err.cause) });
   }
-  return error;
 }
 
-async function generation(
-  options: ProxyOptions,
-  backend: BackendClient,
-  route: Route,
-  req: Request,
-  res: Response,
-) {
-  const { gate, logger } = options;
-  const body: unknown = req.body;
+/** Checks a generation body and converts it to the chat request the backend is sent. */
+function checkedGeneration(route: Route, body: Obj): Generation {
   let chatBody: Obj;
-  let requestDigest: string;
-  try {
-    if (!isObj(body)) throw new InvalidRequestError('the request body must be a JSON object');
-    if (route === 'responses') {
-      chatBody = responsesToChatRequest(body);
-    } else {
-      // Lineage digests every chat message: a malformed one is the client's 422 before admission.
-      checkChatMessages(body.messages);
-      chatBody = body;
-    }
-    requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
-  } catch (err) {
-    sendError(res, loggedFailure(logger, err));
-    return;
+  if (route === 'responses') {
+    chatBody = responsesToChatRequest(body);
+  } else {
+    // Lineage digests every chat message: a malformed one is the client's 422 before admission.
+    checkChatMessages(body.messages);
+    chatBody = body;
   }
-  const stream = chatBody.stream === true;
-  const episode = requestEpisode(req);
-  const clientSignal = requestSignal(req, res);
-  let ticket: Ticket;
-  try {
-    ticket = await gate.admit(episode, clientSignal);
-  } catch (err) {
-    if (!clientSignal.aborted) sendError(res, toClientError(err));
-    return;
-  }
-  // Nothing runs between admission and this try: its finally is the one place the ticket leaves.
-  try {
-    await forward(
-      options,
-      backend,
-      { route, body, chatBody, requestDigest, stream },
-      ticket,
-      res,
-      clientSignal,
-    );
-  } finally {
-    options.cuts?.left(ticket);
-    gate.exit(ticket);
-  }
+  const requestDigest = createHash('sha256').update(JSON.stringify(chatBody)).digest('hex');
+  return { route, body, chatBody, requestDigest, stream: chatBody.stream === true };
 }
 
 /** One checked generation request, ready to forward. */
 interface Generation {
   route: Route;
-  body: unknown;
+  body: Obj;
   chatBody: Obj;
   requestDigest: string;
   stream: boolean;
 }
 
-/** Forwards an admitted call and relays its answer; every failure is answered here. */
+/**
+ * Forwards an admitted call and relays its answer. A failure is thrown to the lifecycle's error
+ * path: a retire's reason when the ticket was retired, else the failure, a backend's logged.
+ */
 async function forward(
   options: ProxyOptions,
   backend: BackendClient,
@@ -391,26 +372,12 @@ async function forward(
     if (!answer || !ledger || !lineage || ticket.captureKey === undefined) return;
     // Published before any byte of the answer, outside every signal: a retire or a checkpoint
     // that arrives now waits for it (the ticket stays tracked, its response counts as started).
-    const row = ledgerRow(ticket, route, requestDigest, stream, answer, lineage);
-    try {
-      const outcome = await ledger.append(ticket.captureKey, row);
-      if (outcome === 'discarded') {
-        logger.warn('capture ledger row discarded: the attempt is retired', {
-          capture_key: ticket.captureKey,
-          model_call_id: ticket.id,
-          staging_key: row.staging_key,
-        });
-      }
-    } catch (err) {
-      logger.error('capture ledger write failed; the call is poisoned', {
-        capture_key: ticket.captureKey,
-        model_call_id: ticket.id,
-        error: (err as Error).message,
-      });
-      throw new PoisonedCallError(
-        `the capture ledger write for model call ${ticket.id} failed; no answer is sent`,
-      );
-    }
+    await publishRow(
+      options,
+      ledger,
+      ticket,
+      ledgerRow(ticket, route, requestDigest, stream, answer, lineage),
+    );
   });
 
   try {
@@ -439,41 +406,74 @@ async function forward(
     );
     const isSse = (upstream.headers['content-type'] ?? '').includes('text/event-stream');
     if (!isOk(upstream) || !isSse) {
-      const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
-      if (!isOk(upstream)) {
-        await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
-        held.end(text);
-        return;
-      }
-      const completion = parseJson(text);
-      if (!isObj(completion))
-        throw upstreamError(
-          options,
-          'answered with no JSON object',
-          `HTTP 200 ${text.slice(0, 200)}`,
-        );
-      const answer = {
-        responseId:
-          route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
-        usage: isObj(completion.usage) ? completion.usage : undefined,
-        coords: completion.ng_commit_coords,
-        message: firstChoiceMessage(completion),
-      };
-      await held.start(200, JSON_HEADERS, answer);
-      held.end(
-        route === 'responses' ? JSON.stringify(chatToResponse(body as Obj, completion)) : text,
-      );
+      await relayJson(options, call, upstream, held);
       return;
     }
     await fromBackend(options, 'broke off its answer', () =>
-      relayStream(route, body as Obj, upstream, held),
+      relayStream(route, body, upstream, held),
     );
   } catch (err) {
-    // sendError cuts a response that already started: nothing more can be said to the client.
-    if (ticket.signal.aborted) sendError(res, toClientError(ticket.signal.reason));
-    else if (clientSignal.aborted) res.destroy();
-    else sendError(res, loggedFailure(logger, err));
+    // The error middleware cuts a response that already started: nothing more can be said.
+    if (ticket.signal.aborted) throw toClientError(ticket.signal.reason);
+    if (!clientSignal.aborted) warnBackendFailure(logger, err);
+    throw err;
   }
+}
+
+/** Appends a delivered call's ledger row; a failed write poisons the call (no answer is sent). */
+async function publishRow(
+  { logger }: ProxyOptions,
+  ledger: CaptureLedger,
+  ticket: Ticket,
+  row: JsonObject,
+): Promise<void> {
+  const captureKey = ticket.captureKey!;
+  try {
+    const outcome = await ledger.append(captureKey, row);
+    if (outcome === 'discarded') {
+      logger.warn('capture ledger row discarded: the attempt is retired', {
+        capture_key: captureKey,
+        model_call_id: ticket.id,
+        staging_key: row.staging_key,
+      });
+    }
+  } catch (err) {
+    logger.error('capture ledger write failed; the call is poisoned', {
+      capture_key: captureKey,
+      model_call_id: ticket.id,
+      error: (err as Error).message,
+    });
+    throw new PoisonedCallError(
+      `the capture ledger write for model call ${ticket.id} failed; no answer is sent`,
+    );
+  }
+}
+
+/** Relays a one-piece answer: a backend error as it is, a completion (converted for Responses). */
+async function relayJson(
+  options: ProxyOptions,
+  { route, body }: Generation,
+  upstream: IncomingMessage,
+  held: HeldResponse,
+): Promise<void> {
+  const text = await fromBackend(options, 'broke off its answer', () => readText(upstream));
+  if (!isOk(upstream)) {
+    await held.start(upstream.statusCode ?? 502, JSON_HEADERS);
+    held.end(text);
+    return;
+  }
+  const completion = parseJson(text);
+  if (!isObj(completion))
+    throw upstreamError(options, 'answered with no JSON object', `HTTP 200 ${text.slice(0, 200)}`);
+  const answer = {
+    responseId:
+      route === 'responses' ? `resp_${String(completion.id)}` : String(completion.id ?? ''),
+    usage: isObj(completion.usage) ? completion.usage : undefined,
+    coords: completion.ng_commit_coords,
+    message: firstChoiceMessage(completion),
+  };
+  await held.start(200, JSON_HEADERS, answer);
+  held.end(route === 'responses' ? JSON.stringify(chatToResponse(body, completion)) : text);
 }
 
 function firstChoiceMessage(completion: Obj): unknown {

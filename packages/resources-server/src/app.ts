@@ -14,15 +14,16 @@ import {
   createGymApp,
   createLogger,
   type EpisodeId,
+  gymRoute,
+  type GymRoute,
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
-  jsonBody,
   type Logger,
+  mountRoutes,
   requestEpisode,
-  requestSignal,
 } from '@ckpt-gym/core';
-import type { Express, Request, RequestHandler, Response } from 'express';
+import type { Express, Request } from 'express';
 
 import { newSessionId, SessionCookie, sessionSecret } from './cookie.js';
 import {
@@ -44,6 +45,7 @@ import {
   parseNativeSeed,
 } from './native.js';
 import {
+  type Admission,
   type RequestRole,
   type ResourcesParticipant as Participant,
   ResourcesParticipant,
@@ -74,14 +76,6 @@ export interface ResourcesServer {
   readonly plane: ControlPlane<ResourcesSessionRecord> | undefined;
 }
 
-function objectBody(value: unknown): JsonObject {
-  if (value === undefined) return {};
-  if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    throw new InvalidRequestError('the request body must be a JSON object');
-  }
-  return value as JsonObject;
-}
-
 function isObject(value: JsonValue | undefined): value is JsonObject {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
@@ -109,12 +103,30 @@ interface Outcome {
   readonly reply: JsonValue;
 }
 
+/** A session route of the table: its role for admission, its session, and its work. */
 interface Route {
   readonly role: RequestRole;
   readonly path: string;
   /** The session the request is on, read before admission (a bad native body fails here). */
   sessionOf(body: JsonObject, cookieId: string | undefined, req: Request): string;
   run(ctx: HandlerContext): Promise<Outcome>;
+}
+
+/** What admission leaves a session route: the request's session and the participant's pass. */
+interface Admitted {
+  readonly cookieId: string | undefined;
+  readonly sessionId: string;
+  readonly admission: Admission | undefined;
+}
+
+/** Everything a resources server's routes share. */
+interface ServerContext {
+  readonly definition: ResourcesServerDefinition;
+  readonly declarations: Declarations;
+  readonly participant: Participant | undefined;
+  readonly cookie: SessionCookie;
+  readonly book: NativeSessions;
+  readonly bodyLimit: string;
 }
 
 export function createResourcesServer(
@@ -151,51 +163,49 @@ export function createResourcesServer(
       serverName: options.name,
     }),
   );
-  const app = gym.app;
-  app.use(jsonBody(options.bodyLimit ?? DEFAULT_BODY_LIMIT));
+  const server: ServerContext = {
+    definition,
+    declarations,
+    participant,
+    cookie,
+    book,
+    bodyLimit: options.bodyLimit ?? DEFAULT_BODY_LIMIT,
+  };
+  mountRoutes(gym.app, [
+    ...sessionRoutes(server).map((route) => sessionRoute(server, route)),
+    aggregateRoute(server),
+  ]);
+  gym.finish();
+  return { app: gym.app, logger: gym.logger, declarations, participant, plane: gym.plane };
+}
 
-  const serve =
-    (route: Route): RequestHandler =>
-    async (req, res) => {
-      const body = objectBody(req.body);
-      const episode = requestEpisode(req);
+/**
+ * A session route on the lifecycle: its session is read and the participant admits it before
+ * the handler runs; a success is applied to the participant before the reply is written (a
+ * client that goes away then cannot undo it), and the admission is released after it.
+ */
+function sessionRoute(server: ServerContext, route: Route): GymRoute {
+  const { participant, cookie } = server;
+  return gymRoute({
+    method: 'post',
+    path: route.path,
+    episode: 'optional',
+    body: { limit: server.bodyLimit, parse: (body) => body, absentIsEmpty: true },
+    admit: async ({ req, body, episode, signal }): Promise<Admitted> => {
       const cookieId = cookie.read(req.headers.cookie);
       const sessionId = route.sessionOf(body, cookieId, req);
-      const signal = requestSignal(req, res);
-      try {
-        await handle(route, req, res, { body, episode, cookieId, sessionId, signal });
-      } catch (err) {
-        // The client is gone: nobody reads the reply, and its going away is not a server error.
-        if (signal.aborted) {
-          res.destroy();
-          return;
-        }
-        throw err;
-      }
-    };
-
-  const handle = async (
-    route: Route,
-    req: Request,
-    res: Response,
-    r: {
-      body: JsonObject;
-      episode: EpisodeId | undefined;
-      cookieId: string | undefined;
-      sessionId: string;
-      signal: AbortSignal;
+      const admission = await participant?.admit({
+        role: route.role,
+        path: route.path,
+        sessionId,
+        episode,
+        closeFollows: req.get(CHECKPOINT_CLOSE_FOLLOWS_HEADER) === '1',
+        signal,
+      });
+      return { cookieId, sessionId, admission };
     },
-  ): Promise<void> => {
-    const { body, episode, cookieId, sessionId, signal } = r;
-    const admission = await participant?.admit({
-      role: route.role,
-      path: route.path,
-      sessionId,
-      episode,
-      closeFollows: req.get(CHECKPOINT_CLOSE_FOLLOWS_HEADER) === '1',
-      signal,
-    });
-    try {
+    release: ({ admission }) => admission?.release(),
+    run: async ({ res, body, episode, signal }, { cookieId, sessionId, admission }) => {
       let endRequested = false;
       const outcome = await route.run({
         sessionId,
@@ -206,121 +216,128 @@ export function createResourcesServer(
           endRequested = true;
         },
       });
-      // Applied before the reply is written: a client that goes away now cannot undo it.
       admission?.succeeded(outcome.sessionId, endRequested);
       if (route.role === 'start' && participant) {
         res.setHeader(CHECKPOINT_VERIFY_HEADER, participant.verify);
         if (participant.mode === 'restart_only') res.setHeader(CHECKPOINT_RESTART_HEADER, '1');
       }
-      if (outcome.sessionId !== cookieId)
+      if (outcome.sessionId !== cookieId) {
         res.append('Set-Cookie', cookie.header(outcome.sessionId));
-      res.json(outcome.reply);
-    } finally {
-      admission?.release();
-    }
-  };
-
-  const cookieSession = (_body: JsonObject, cookieId: string | undefined): string =>
-    cookieId ?? newSessionId();
-
-  // --- session starts ---
-  app.post(
-    SEED_ROUTE,
-    serve({
-      role: 'start',
-      path: SEED_ROUTE,
-      sessionOf: (body, cookieId, req) => {
-        if (!isNativeBody(body)) return cookieSession(body, cookieId);
-        const seed = parseNativeSeed(body);
-        checkPrefixMatches(seed.episode, requestEpisode(req));
-        return seed.resourcesSessionId;
-      },
-      run: async (ctx) => {
-        const native = isNativeBody(ctx.body) ? parseNativeSeed(ctx.body) : undefined;
-        if (native && !book.seed(native)) {
-          return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
-        }
-        let result;
-        try {
-          result = await definition.seedSession?.({ ...ctx, native });
-        } catch (err) {
-          // Not seeded after all: a retry must run the handler again.
-          if (native) book.forget(native.resourcesSessionId);
-          throw err;
-        }
-        if (native) return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
-        return { sessionId: result?.sessionId ?? ctx.sessionId, reply: result?.reply ?? {} };
-      },
-    }),
-  );
-
-  // --- session end and verification ---
-  app.post(
-    CLOSE_ROUTE,
-    serve({
-      role: 'close',
-      path: CLOSE_ROUTE,
-      sessionOf: (body, cookieId, req) => {
-        if (!isNativeBody(body)) return cookieSession(body, cookieId);
-        const close = parseNativeClose(body);
-        checkPrefixMatches(close.episode, requestEpisode(req));
-        return close.resourcesSessionId;
-      },
-      run: async (ctx) => {
-        const episode = isNativeBody(ctx.body) ? parseNativeClose(ctx.body).episode : undefined;
-        book.close(ctx.sessionId, episode);
-        await definition.closeSession?.(ctx.sessionId);
-        return { sessionId: ctx.sessionId, reply: { resources_session_id: ctx.sessionId } };
-      },
-    }),
-  );
-
-  app.post(
-    VERIFY_ROUTE,
-    serve({
-      role: 'verify',
-      path: VERIFY_ROUTE,
-      sessionOf: cookieSession,
-      run: async (ctx) => {
-        const input = ctx.body.verification_input;
-        const result = await definition.verify({
-          ...ctx,
-          response: ctx.body.response,
-          taskData: isObject(input) ? input : withoutKey(ctx.body, 'response'),
-          seededTaskData: book.taskData(ctx.sessionId),
-        });
-        return {
-          sessionId: ctx.sessionId,
-          reply: { ...ctx.body, ...(result.extra ?? {}), reward: result.reward },
-        };
-      },
-    }),
-  );
-
-  app.post(AGGREGATE_ROUTE, (req, res) => {
-    const responses = objectBody(req.body).verify_responses ?? [];
-    if (!Array.isArray(responses) || !responses.every(isObject)) {
-      throw new InvalidRequestError('verify_responses: must be a list of objects');
-    }
-    res.json((definition.aggregateMetrics ?? meanRewardMetrics)(responses));
+      }
+      return outcome.reply;
+    },
   });
+}
 
-  // --- tools (a declared session start among them starts a session) ---
-  for (const [name, handler] of Object.entries(definition.tools)) {
+const cookieSession = (_body: JsonObject, cookieId: string | undefined): string =>
+  cookieId ?? newSessionId();
+
+/** A native body names its session, under the prefix's episode; a legacy one has the cookie's. */
+function nativeOrCookieSession(
+  parse: (body: JsonObject) => { resourcesSessionId: string; episode: EpisodeId },
+): Route['sessionOf'] {
+  return (body, cookieId, req) => {
+    if (!isNativeBody(body)) return cookieSession(body, cookieId);
+    const native = parse(body);
+    checkPrefixMatches(native.episode, requestEpisode(req));
+    return native.resourcesSessionId;
+  };
+}
+
+/** The session routes: the seed, close and verify routes, and one per tool. */
+function sessionRoutes(server: ServerContext): Route[] {
+  const { definition, declarations } = server;
+  const tools = Object.entries(definition.tools).map(([name, handler]): Route => {
     const path = `/${name}`;
-    app.post(
+    return {
+      // A declared session start among the tools starts a session.
+      role: declarations.sessionStarts.includes(path) ? 'start' : 'tool',
       path,
-      serve({
-        role: declarations.sessionStarts.includes(path) ? 'start' : 'tool',
-        path,
-        sessionOf: cookieSession,
-        run: async (ctx) => ({ sessionId: ctx.sessionId, reply: await handler(ctx) }),
-      }),
-    );
-  }
+      sessionOf: cookieSession,
+      run: async (ctx) => ({ sessionId: ctx.sessionId, reply: await handler(ctx) }),
+    };
+  });
+  return [seedRoute(server), closeRoute(server), verifyRoute(server), ...tools];
+}
 
-  gym.finish();
-  return { app, logger: gym.logger, declarations, participant, plane: gym.plane };
+function seedRoute({ definition, book }: ServerContext): Route {
+  return {
+    role: 'start',
+    path: SEED_ROUTE,
+    sessionOf: nativeOrCookieSession(parseNativeSeed),
+    run: async (ctx) => {
+      const native = isNativeBody(ctx.body) ? parseNativeSeed(ctx.body) : undefined;
+      if (native && !book.seed(native)) {
+        return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
+      }
+      let result;
+      try {
+        result = await definition.seedSession?.({ ...ctx, native });
+      } catch (err) {
+        // Not seeded after all: a retry must run the handler again.
+        if (native) book.forget(native.resourcesSessionId);
+        throw err;
+      }
+      if (native) return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
+      return { sessionId: result?.sessionId ?? ctx.sessionId, reply: result?.reply ?? {} };
+    },
+  };
+}
+
+function closeRoute({ definition, book }: ServerContext): Route {
+  return {
+    role: 'close',
+    path: CLOSE_ROUTE,
+    sessionOf: nativeOrCookieSession(parseNativeClose),
+    run: async (ctx) => {
+      const episode = isNativeBody(ctx.body) ? parseNativeClose(ctx.body).episode : undefined;
+      book.close(ctx.sessionId, episode);
+      await definition.closeSession?.(ctx.sessionId);
+      return { sessionId: ctx.sessionId, reply: { resources_session_id: ctx.sessionId } };
+    },
+  };
+}
+
+function verifyRoute({ definition, book }: ServerContext): Route {
+  return {
+    role: 'verify',
+    path: VERIFY_ROUTE,
+    sessionOf: cookieSession,
+    run: async (ctx) => {
+      const input = ctx.body.verification_input;
+      const result = await definition.verify({
+        ...ctx,
+        response: ctx.body.response,
+        taskData: isObject(input) ? input : withoutKey(ctx.body, 'response'),
+        seededTaskData: book.taskData(ctx.sessionId),
+      });
+      return {
+        sessionId: ctx.sessionId,
+        reply: { ...ctx.body, ...(result.extra ?? {}), reward: result.reward },
+      };
+    },
+  };
+}
+
+/** `/aggregate_metrics`: no session, no admission. */
+function aggregateRoute({ definition, bodyLimit }: ServerContext): GymRoute {
+  return gymRoute({
+    method: 'post',
+    path: AGGREGATE_ROUTE,
+    episode: 'none',
+    body: {
+      limit: bodyLimit,
+      absentIsEmpty: true,
+      parse: (body) => {
+        const responses = body.verify_responses ?? [];
+        if (!Array.isArray(responses) || !responses.every(isObject)) {
+          throw new InvalidRequestError('verify_responses: must be a list of objects');
+        }
+        return responses;
+      },
+    },
+    run: (ctx) => (definition.aggregateMetrics ?? meanRewardMetrics)(ctx.body),
+  });
 }
 
 function nativeSeedReply(sessionId: string): JsonObject {
