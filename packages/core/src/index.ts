@@ -18,3 +18,5 @@ export * from './server.js';
 export * from './capture/index.js';
 export * from './headers.js';
 export { checkChatMessages } from './openai.js';
+export * from './server-kind.js';
+export { closest, didYouMean, editDistance } from './suggest.js';
