@@ -109,7 +109,7 @@ async function proxyStack(dir, backend, { checkpoint, capture }) {
       `  policy: { kind: model, app: policy, port: 0, backend_url: "${backend}/v1", checkpoint_policy: true }`,
     ].join('\n'),
   );
-  return start('packages/policy-model-server/dist/main.js', [
+  return start('packages/policy-model-server/bin/ckpt-gym-policy-model.js', [
     '--config',
     file,
     '--server',
@@ -118,7 +118,10 @@ async function proxyStack(dir, backend, { checkpoint, capture }) {
 }
 
 async function throughput(dir) {
-  const backend = await start('packages/fake-inference/dist/main.js', ['--port', '0']);
+  const backend = await start('packages/fake-inference/bin/ckpt-gym-fake-inference.js', [
+    '--port',
+    '0',
+  ]);
   const targets = [
     ['backend directly', backend],
     [

@@ -7,7 +7,6 @@
  */
 import {
   CheckpointError,
-  ConfigError,
   type EpisodeId,
   errorFromBody,
   InvalidRequestError,
@@ -27,6 +26,7 @@ import type {
   Invocation,
   LegacyRunRequest,
 } from './agent.js';
+import { type SimpleAgentConfig, simpleAgentConfig } from './config.js';
 import { legacyRun } from './legacy-run.js';
 import type { ActivationHandle, AgentSessionHooks, RestoredAgentSession } from './participant.js';
 import {
@@ -39,16 +39,6 @@ import {
   seedFingerprint,
   type StoredReply,
 } from './sessions.js';
-
-export interface SimpleAgentConfig {
-  skipVerification: boolean;
-  skipVerificationReward: number;
-  /** Base URL of the policy model server (its Responses API is at `/v1/responses`). */
-  modelServerUrl: string;
-  /** Base URL of the resources server, for legacy `/run` episodes. */
-  resourcesServerUrl: string | null;
-  maxSteps: number | null;
-}
 
 export interface SimpleSessionState {
   toolAccess: DirectHttpToolAccess | null;
@@ -384,37 +374,6 @@ async function callTool(
 }
 
 // --- the agent ------------------------------------------------------------------------------
-
-/** Reads `model_server`, `resources_server` and `max_steps` resolved to URLs (see registry.ts). */
-export function simpleAgentConfig(config: Readonly<Record<string, unknown>>): SimpleAgentConfig {
-  const model = config.model_server_url;
-  const resources = config.resources_server_url ?? null;
-  const maxSteps = config.max_steps ?? null;
-  if (typeof model !== 'string') throw new ConfigError('simple agent: model_server is required');
-  if (resources !== null && typeof resources !== 'string') {
-    throw new ConfigError('simple agent: resources_server must name a server');
-  }
-  if (
-    maxSteps !== null &&
-    (typeof maxSteps !== 'number' || !Number.isInteger(maxSteps) || maxSteps < 1)
-  ) {
-    throw new ConfigError('simple agent: max_steps must be a positive integer');
-  }
-  const skip = config.skip_verification ?? false;
-  const reward = config.skip_verification_reward ?? 0;
-  if (typeof skip !== 'boolean' || typeof reward !== 'number') {
-    throw new ConfigError(
-      'simple agent: skip_verification is a bool, skip_verification_reward a number',
-    );
-  }
-  return {
-    modelServerUrl: model,
-    resourcesServerUrl: resources,
-    maxSteps,
-    skipVerification: skip,
-    skipVerificationReward: reward,
-  };
-}
 
 /** Each entry's last export with what it was built from (observations grow in place). */
 const lastExports = new WeakMap<

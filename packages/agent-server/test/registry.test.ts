@@ -1,7 +1,8 @@
 import { ConfigError, createLogger, parseStackFile } from '@ckpt-gym/core';
 
 import { AgentParticipant } from '../src/participant.js';
-import { agentConfig, createAgentServerFromStack } from '../src/registry.js';
+import { agentConfig } from '../src/config.js';
+import { createAgentServerFromStack } from '../src/registry.js';
 import type { SimpleAgent } from '../src/simple-agent.js';
 
 const STACK = `

@@ -12,10 +12,10 @@ import {
   rebuildQuestions,
   runTurnLoop,
   simpleAgent,
-  simpleAgentConfig,
   type SimpleSessionState,
   toolBaseUrl,
 } from '../src/simple-agent.js';
+import { simpleAgentConfig } from '../src/config.js';
 import { activate, errorCode, type Harness, post, seed, startStack } from './support/harness.js';
 import { startStubModel, startStubResources } from './support/stubs.js';
 import { response } from './support/stubs.js';

@@ -17,6 +17,7 @@ import {
   forget,
   nextAttempt,
   parseCaptureKey,
+  type Participants,
   resume,
   retire,
 } from '@ckpt-gym/core';
@@ -141,193 +142,274 @@ export interface DemoOptions {
   readonly progress: (line: string) => void;
 }
 
-/** Runs the demo; the stack it starts is stopped before this returns, whatever happened. */
-export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
-  const { workDir, progress } = opts;
-  const n = opts.rollouts;
-  const started = performance.now();
-  const seconds: Record<string, number> = {};
-  const lap = (stage: string, since: number) => {
-    seconds[stage] = Number(((performance.now() - since) / 1000).toFixed(3));
-  };
-  const configPath = join(workDir, 'demo-stack.yaml');
-  writeFileSync(configPath, demoStackText(await freePort('127.0.0.1'), generatedId('demo')));
-  const env = { ...opts.io.env } as NodeJS.ProcessEnv;
+/** One rollout of the demo: its taskset and task. */
+interface DemoTask {
+  readonly set: Taskset;
+  readonly task: TaskSpec;
+}
 
-  progress('starting the stack (inference, resources, model, agent, environment) …');
-  let stack: StackHandle | undefined;
-  const contexts: CommandContext[] = [];
-  const context = (argv: string[]) => {
+/** Even rollouts are weather tasks, odd ones counter tasks, each set on its own environment. */
+function demoTasks(n: number): Map<string, DemoTask> {
+  return new Map(
+    Array.from({ length: n }, (_, i): [string, DemoTask] =>
+      i % 2 === 0
+        ? [`weather-${i}`, { set: 'weather', task: weatherTask(i) }]
+        : [`counter-${i}`, { set: 'counter', task: counterTask(i) }],
+    ),
+  );
+}
+
+/** What the restore leaves to finish: the checkpoint's scope continues, the rest starts over. */
+interface Continuation {
+  readonly continued: EpisodeId[];
+  readonly restarts: EpisodeId[];
+}
+
+/** The restore's context and the participants it found. */
+interface Restored {
+  readonly ctx: CommandContext;
+  readonly participants: Participants;
+}
+
+/**
+ * One demo run, stage by stage: the stack, the collectors, the results and the stage timings.
+ * `runDemo` calls the stages in order and `close` releases everything, whatever happened.
+ */
+class DemoRun {
+  readonly n: number;
+  readonly tasks: Map<string, DemoTask>;
+  readonly results = new Map<string, ResultRow[]>();
+  readonly lost = new Map<string, Dispatch>();
+  readonly seconds: Record<string, number> = {};
+  readonly #started = performance.now();
+  readonly #contexts: CommandContext[] = [];
+  #stack: StackHandle | undefined;
+  #collectors: Record<Taskset, Collector> | undefined;
+
+  constructor(private readonly opts: DemoOptions) {
+    this.n = opts.rollouts;
+    this.tasks = demoTasks(this.n);
+  }
+
+  get stack(): StackHandle {
+    if (!this.#stack) throw new Error('demo: the stack is not started');
+    return this.#stack;
+  }
+
+  get backendUrl(): string {
+    return this.stack.servers.get('inference')!.url;
+  }
+
+  /** Times `stage` (seconds, as the report has them). */
+  async lap<T>(stage: string, run: () => Promise<T>): Promise<T> {
+    const since = performance.now();
+    const result = await run();
+    this.seconds[stage] = Number(((performance.now() - since) / 1000).toFixed(3));
+    return result;
+  }
+
+  totalSeconds(): number {
+    return Number(((performance.now() - this.#started) / 1000).toFixed(3));
+  }
+
+  /** A command's context on the run's resolved stack file, closed with the run. */
+  context(argv: string[]): CommandContext {
+    const { workDir } = this.opts;
     const parsed = parseCommandLine([...argv, '--config', join(workDir, 'run', 'stack.yaml')]);
     if (parsed.kind !== 'invoke')
       throw new Error(`demo: bad internal command line ${argv.join(' ')}`);
-    const ctx = new CommandContext(parsed.invocation, { ...opts.io, cwd: workDir });
-    contexts.push(ctx);
+    const ctx = new CommandContext(parsed.invocation, { ...this.opts.io, cwd: workDir });
+    this.#contexts.push(ctx);
     return ctx;
-  };
-  let all: Collector[] = [];
-  try {
-    let since = performance.now();
-    stack = await launchStack({ configPath, runDir: join(workDir, 'run'), env });
-    lap('start', since);
-    const backendUrl = stack.servers.get('inference')!.url;
-    const ctx = context(['checkpoint', '--dir', 'checkpoint', '--stop']);
+  }
 
-    const results = new Map<string, ResultRow[]>();
-    const lost = new Map<string, Dispatch>();
-    // Even rollouts are weather tasks, odd ones counter tasks, each set on its own environment.
-    const tasks = new Map(
-      Array.from({ length: n }, (_, i): [string, { set: Taskset; task: TaskSpec }] =>
-        i % 2 === 0
-          ? [`weather-${i}`, { set: 'weather', task: weatherTask(i) }]
-          : [`counter-${i}`, { set: 'counter', task: counterTask(i) }],
-      ),
-    );
-    const collectors: Record<Taskset, Collector> = {
-      weather: collector('env'),
-      counter: collector('counter_env'),
-    };
-    function collector(env: string): Collector {
-      return new Collector({
-        envUrl: stack!.servers.get(env)!.url,
-        concurrency: n,
+  async start(): Promise<void> {
+    const { workDir } = this.opts;
+    const configPath = join(workDir, 'demo-stack.yaml');
+    writeFileSync(configPath, demoStackText(await freePort('127.0.0.1'), generatedId('demo')));
+    const env = { ...this.opts.io.env } as NodeJS.ProcessEnv;
+    this.#stack = await launchStack({ configPath, runDir: join(workDir, 'run'), env });
+  }
+
+  /** The collectors, one per environment, on `ctx`'s data client. */
+  collect(ctx: CommandContext): void {
+    const collector = (env: string) =>
+      new Collector({
+        envUrl: this.stack.servers.get(env)!.url,
+        concurrency: this.n,
         client: ctx.clients.data,
         onResult: (row) => {
-          results.set(row.rollout_id, [...(results.get(row.rollout_id) ?? []), row]);
+          this.results.set(row.rollout_id, [...(this.results.get(row.rollout_id) ?? []), row]);
         },
-        onLost: (dispatch) => lost.set(dispatch.episode.rollout_id, dispatch),
+        onLost: (dispatch) => this.lost.set(dispatch.episode.rollout_id, dispatch),
       });
-    }
-    all = Object.values(collectors);
-    const send = (episodes: readonly EpisodeId[]) => {
-      for (const episode of episodes) {
-        const { set, task } = tasks.get(episode.rollout_id)!;
-        collectors[set].enqueue([{ episode, task }]);
-      }
-    };
-    const settled = () => Promise.all(all.map((c) => c.settled()));
-    for (const [rollout, { set }] of tasks) {
-      if (set === 'counter')
-        await backend(backendUrl, '/_ctl/script', { script: 'counter', rollout });
-    }
+    this.#collectors = { weather: collector('env'), counter: collector('counter_env') };
+  }
 
-    // Every rollout waits at its second model call.
-    await backend(backendUrl, '/_ctl/hold', { after_calls_per_rollout: 1 });
-    progress(`dispatching ${n} rollouts …`);
-    since = performance.now();
-    send([...tasks.keys()].map((rollout_id) => ({ rollout_id, attempt: 0 })));
+  send(episodes: readonly EpisodeId[]): void {
+    for (const episode of episodes) {
+      const { set, task } = this.tasks.get(episode.rollout_id)!;
+      this.#collectors![set].enqueue([{ episode, task }]);
+    }
+  }
+
+  async settled(): Promise<void> {
+    await Promise.all(Object.values(this.#collectors ?? {}).map((c) => c.settled()));
+  }
+
+  /** Counter rollouts get the counter script; every rollout is held at its second model call. */
+  async holdAtSecondCall(): Promise<void> {
+    for (const [rollout, { set }] of this.tasks) {
+      if (set === 'counter')
+        await backend(this.backendUrl, '/_ctl/script', { script: 'counter', rollout });
+    }
+    await backend(this.backendUrl, '/_ctl/hold', { after_calls_per_rollout: 1 });
+  }
+
+  /** Every rollout dispatched up to its held call; a quarter then let finish. */
+  async dispatch(): Promise<number> {
+    const url = this.backendUrl;
+    this.send([...this.tasks.keys()].map((rollout_id) => ({ rollout_id, attempt: 0 })));
     const waiting = async () =>
-      (await calls(backendUrl)).filter((c) => c.held && !c.returned && !c.dropped).length;
+      (await calls(url)).filter((c) => c.held && !c.returned && !c.dropped).length;
     await until(
       'every rollout to reach its second model call',
-      async () => (await waiting()) === n,
+      async () => (await waiting()) === this.n,
     );
     // A quarter finishes before the checkpoint. A released weather call ends its rollout; a
     // released counter call is followed by its third, which the hold catches again.
-    const early = Math.floor(n / 4);
-    while (results.size < early) {
-      const before = { results: results.size, calls: (await calls(backendUrl)).length };
-      await backend(backendUrl, '/_ctl/step', { calls: 1 });
+    const early = Math.floor(this.n / 4);
+    while (this.results.size < early) {
+      const before = { results: this.results.size, calls: (await calls(url)).length };
+      await backend(url, '/_ctl/step', { calls: 1 });
       await until(
         'the released call to end its rollout or to be followed by the next',
-        async () =>
-          results.size > before.results || (await calls(backendUrl)).length > before.calls,
+        async () => this.results.size > before.results || (await calls(url)).length > before.calls,
       );
     }
-    const finishedBefore = results.size;
-    lap('in_flight', since);
-    progress(`${finishedBefore} finished, ${n - finishedBefore} mid-flight: checkpoint …`);
+    return this.results.size;
+  }
 
-    since = performance.now();
-    const cut = await checkpointCommand(ctx);
-    if (cut.exitCode !== 0) throw new CliFailure(`demo: the checkpoint failed:\n${cut.text}`);
-    lap('checkpoint', since);
-    const checkpointDir = join(workDir, 'checkpoint');
+  /** Restores the checkpoint into the fresh processes and resumes them. */
+  async restore(): Promise<Restored> {
+    const ctx = this.context(['restore', '--dir', 'checkpoint']);
+    const restored = await restoreCommand(ctx);
+    if (restored.exitCode !== 0)
+      throw new CliFailure(`demo: the restore failed:\n${restored.text}`);
+    const participants = await ctx.participants();
+    await resume(participants, String(restored.data.checkpoint_id), ctx.deadlineTs());
+    return { ctx, participants };
+  }
+
+  /**
+   * Releases the backend; what is left to finish: the checkpoint's scope continues as its next
+   * attempt, everything else still without a result starts over (retired at the attempt that
+   * ran, re-sent from its input).
+   */
+  async continuation(record: ControllerRecord, { ctx, participants }: Restored) {
+    await backend(this.backendUrl, '/_ctl/release', {});
+    const scope = record.episode_ids.map(parseCaptureKey);
+    const continued = scope.filter((e) => !this.results.has(e.rollout_id));
+    const inScope = new Set(scope.map((e) => e.rollout_id));
+    const restarts: EpisodeId[] = [...this.lost.values()]
+      .map((d) => d.episode)
+      .filter((e) => !inScope.has(e.rollout_id) && !this.results.has(e.rollout_id));
+    if (restarts.length > 0) {
+      await retire(participants, generatedId('retire'), restarts, ctx.deadlineTs());
+    }
+    return { continued, restarts } satisfies Continuation;
+  }
+
+  async close(): Promise<void> {
+    for (const collector of Object.values(this.#collectors ?? {})) collector.abort();
+    for (const ctx of this.#contexts) ctx.close();
+    await this.#stack?.stop({ graceMs: 5000 });
+  }
+}
+
+/** The report, from the results and the backend's call log. */
+function demoReport(
+  run: DemoRun,
+  log: readonly CallView[],
+  facts: Continuation & { checkpointId: string; finishedBefore: number },
+): DemoReport {
+  const tasks = [...run.tasks.values()];
+  const tagged = log.filter((c) => c.rollout_id !== null);
+  const rewards: Record<string, number> = {};
+  const notOnce: string[] = [];
+  for (const id of run.tasks.keys()) {
+    const rows = run.results.get(id) ?? [];
+    if (rows.length !== 1) notOnce.push(id);
+    for (const row of rows) {
+      const reward = row.failure === null ? String(row.result?.reward ?? 'none') : 'failed';
+      rewards[reward] = (rewards[reward] ?? 0) + 1;
+    }
+  }
+  const repeated = repeatedCalls(tagged);
+  return {
+    rollouts: run.n,
+    tasksets: Object.fromEntries(
+      Object.keys(MODEL_CALLS).map((set) => [set, tasks.filter((t) => t.set === set).length]),
+    ),
+    checkpoint_id: facts.checkpointId,
+    finished_before_checkpoint: facts.finishedBefore,
+    continued: facts.continued.length,
+    restarted: facts.restarts.length,
+    model_calls: tagged.length,
+    delivered_model_calls: tagged.filter((c) => c.returned).length,
+    minimum_model_calls: tasks.reduce((sum, t) => sum + MODEL_CALLS[t.set], 0),
+    repeated_model_calls: repeated,
+    not_exactly_once: notOnce,
+    rewards,
+    seconds: { ...run.seconds, total: run.totalSeconds() },
+    ok: notOnce.length === 0 && rewards['1'] === run.n && repeated === 0,
+  };
+}
+
+/** Runs the demo; the stack it starts is stopped before this returns, whatever happened. */
+export async function runDemo(opts: DemoOptions): Promise<DemoReport> {
+  const { workDir, progress } = opts;
+  const run = new DemoRun(opts);
+  progress('starting the stack (inference, resources, model, agent, environment) …');
+  try {
+    await run.lap('start', () => run.start());
+    const ctx = run.context(['checkpoint', '--dir', 'checkpoint', '--stop']);
+    run.collect(ctx);
+    await run.holdAtSecondCall();
+    progress(`dispatching ${run.n} rollouts …`);
+    const finishedBefore = await run.lap('in_flight', () => run.dispatch());
+    progress(`${finishedBefore} finished, ${run.n - finishedBefore} mid-flight: checkpoint …`);
+    await run.lap('checkpoint', async () => {
+      const cut = await checkpointCommand(ctx);
+      if (cut.exitCode !== 0) throw new CliFailure(`demo: the checkpoint failed:\n${cut.text}`);
+    });
     const record = JSON.parse(
-      await readFile(join(checkpointDir, CONTROLLER_FILE), 'utf8'),
+      await readFile(join(workDir, 'checkpoint', CONTROLLER_FILE), 'utf8'),
     ) as ControllerRecord;
 
     progress('SIGKILL every gym process (the inference backend survives) …');
-    since = performance.now();
-    await stack.crash();
-    await settled();
-    lap('crash', since);
+    await run.lap('crash', async () => {
+      await run.stack.crash();
+      await run.settled();
+    });
     progress('fresh processes …');
-    since = performance.now();
-    await stack.restart();
-    lap('restart', since);
-
+    await run.lap('restart', () => run.stack.restart());
     progress('restore …');
-    since = performance.now();
-    const restoreCtx = context(['restore', '--dir', 'checkpoint']);
-    const restored = await restoreCommand(restoreCtx);
-    if (restored.exitCode !== 0)
-      throw new CliFailure(`demo: the restore failed:\n${restored.text}`);
-    const restoreId = String(restored.data.checkpoint_id);
-    const participants = await restoreCtx.participants();
-    await resume(participants, restoreId, restoreCtx.deadlineTs());
-    lap('restore', since);
-    await backend(backendUrl, '/_ctl/release', {});
-
-    // Continued: the checkpoint's scope, as their next attempt. Everything else still without a
-    // result started over: retired at the attempt that ran, re-sent from its input.
-    const scope = record.episode_ids.map(parseCaptureKey);
-    const continued = scope.filter((e) => !results.has(e.rollout_id));
-    const inScope = new Set(scope.map((e) => e.rollout_id));
-    const restarts: EpisodeId[] = [...lost.values()]
-      .map((d) => d.episode)
-      .filter((e) => !inScope.has(e.rollout_id) && !results.has(e.rollout_id));
-    if (restarts.length > 0) {
-      await retire(participants, generatedId('retire'), restarts, restoreCtx.deadlineTs());
-    }
-    progress(`${continued.length} continued, ${restarts.length} restarted …`);
-    since = performance.now();
-    send([...continued, ...restarts].map(nextAttempt));
-    await settled();
-    lap('finish', since);
-    await forget(participants, generatedId('forget'), [...tasks.keys()], restoreCtx.deadlineTs());
-
-    const log = await calls(backendUrl);
-    const tagged = log.filter((c) => c.rollout_id !== null);
-    const rewards: Record<string, number> = {};
-    const notOnce: string[] = [];
-    for (const id of tasks.keys()) {
-      const rows = results.get(id) ?? [];
-      if (rows.length !== 1) notOnce.push(id);
-      for (const row of rows) {
-        const reward = row.failure === null ? String(row.result?.reward ?? 'none') : 'failed';
-        rewards[reward] = (rewards[reward] ?? 0) + 1;
-      }
-    }
-    const repeated = repeatedCalls(tagged);
-    seconds.total = Number(((performance.now() - started) / 1000).toFixed(3));
-    return {
-      rollouts: n,
-      tasksets: Object.fromEntries(
-        Object.keys(collectors).map((set) => [
-          set,
-          [...tasks.values()].filter((t) => t.set === set).length,
-        ]),
-      ),
-      checkpoint_id: record.checkpoint_id,
-      finished_before_checkpoint: finishedBefore,
-      continued: continued.length,
-      restarted: restarts.length,
-      model_calls: tagged.length,
-      delivered_model_calls: tagged.filter((c) => c.returned).length,
-      minimum_model_calls: [...tasks.values()].reduce((sum, t) => sum + MODEL_CALLS[t.set], 0),
-      repeated_model_calls: repeated,
-      not_exactly_once: notOnce,
-      rewards,
-      seconds,
-      ok: notOnce.length === 0 && rewards['1'] === n && repeated === 0,
-    };
+    const restored = await run.lap('restore', () => run.restore());
+    const left = await run.continuation(record, restored);
+    progress(`${left.continued.length} continued, ${left.restarts.length} restarted …`);
+    await run.lap('finish', async () => {
+      run.send([...left.continued, ...left.restarts].map(nextAttempt));
+      await run.settled();
+    });
+    const keys = [...run.tasks.keys()];
+    await forget(restored.participants, generatedId('forget'), keys, restored.ctx.deadlineTs());
+    const log = await calls(run.backendUrl);
+    return demoReport(run, log, { ...left, checkpointId: record.checkpoint_id, finishedBefore });
   } catch (err) {
     if (err instanceof CliFailure) throw err;
     throw new CliFailure(`demo: ${describe(err)}`);
   } finally {
-    for (const collector of all) collector.abort();
-    for (const ctx of contexts) ctx.close();
-    await stack?.stop({ graceMs: 5000 });
+    await run.close();
   }
 }

@@ -46,7 +46,13 @@ export {
   SERVER_NODE_FLAGS,
   type StackHandle,
 } from './launcher.js';
-export { isRunnable, serveServer, type ServingServer } from './serve.js';
+export {
+  isRunnable,
+  KIND_SCHEMAS,
+  SERVER_KIND_MODULES,
+  serveServer,
+  type ServingServer,
+} from './serve.js';
 export { loadStack, resolvedStackText, SOURCE_KEY } from './stack-file.js';
 export {
   Collector,

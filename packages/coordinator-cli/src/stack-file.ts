@@ -10,6 +10,8 @@ import { resolve } from 'node:path';
 import { ConfigError, type Env, parseStackFile, type StackSettings } from '@ckpt-gym/core';
 import { parseDocument } from 'yaml';
 
+import { KIND_SCHEMAS } from './serve.js';
+
 /** The key (ignored by core, like every `x-` key) that names the file a resolved copy came from. */
 export const SOURCE_KEY = 'x-ckpt-gym-source';
 
@@ -30,11 +32,14 @@ export function sourceOf(text: string): string | undefined {
   return typeof source === 'string' && source !== '' ? source : undefined;
 }
 
-/** Like core's `loadStackFile`, but a resolved copy resolves relative paths like its source. */
+/**
+ * Like core's `loadStackFile`, but a resolved copy resolves relative paths like its source; every
+ * server's keys are checked against its kind's schema.
+ */
 export function loadStack(path: string, env: Env = process.env): StackSettings {
   const text = readStackText(path);
   const source = sourceOf(text);
-  const settings = parseStackFile(text, { env, source: source ?? path });
+  const settings = parseStackFile(text, { env, source: source ?? path, kinds: KIND_SCHEMAS });
   // Messages name the file actually read.
   return source === undefined ? settings : { ...settings, source: path };
 }

@@ -59,8 +59,15 @@ const cliBin = join(REPO, 'packages/coordinator-cli/bin/ckpt-gym.js');
 
 beforeAll(() => ensureBuilt(), 300_000);
 
-test('the workspace declares the ckpt-gym and ckpt-gym-fake-inference bins', () => {
-  expect(BINS.map((bin) => bin.name).sort()).toEqual(['ckpt-gym', 'ckpt-gym-fake-inference']);
+test("the workspace declares the ckpt-gym bin, the fake backend's and one per server package", () => {
+  expect(BINS.map((bin) => bin.name).sort()).toEqual([
+    'ckpt-gym',
+    'ckpt-gym-agent',
+    'ckpt-gym-environment',
+    'ckpt-gym-fake-inference',
+    'ckpt-gym-policy-model',
+    'ckpt-gym-resources',
+  ]);
 });
 
 describe.each(BINS)('the $name bin', (bin) => {

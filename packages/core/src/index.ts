@@ -21,3 +21,5 @@ export * from './headers.js';
 export { checkChatMessages } from './openai.js';
 export * from './wire/index.js';
 export * from './route.js';
+export * from './server-kind.js';
+export { closest, didYouMean, editDistance } from './suggest.js';

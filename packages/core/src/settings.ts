@@ -11,6 +11,7 @@ import { isAlias, isMap, isScalar, isSeq, parseDocument, type Node as YamlNode }
 
 import { ConfigError } from './errors.js';
 import { MIN_SIGNING_KEY_BYTES, signingKeyBytes } from './signing.js';
+import { closest, didYouMean } from './suggest.js';
 
 export const SERVER_KINDS = ['inference', 'model', 'resources', 'agent', 'environment'] as const;
 export type ServerKind = (typeof SERVER_KINDS)[number];
@@ -101,10 +102,31 @@ export interface StackSettings {
 
 export type Env = Readonly<Record<string, string | undefined>>;
 
+/** The JSON schema of one app's own keys: an object schema (the keys every server has are added). */
+export interface AppConfigSchema {
+  readonly type: 'object';
+  readonly properties: Readonly<Record<string, object>>;
+  readonly required?: readonly string[];
+}
+
+/**
+ * A server kind's apps and their keys, as its package declares them (core imports no server). An
+ * app not listed is not checked: a stack file may name servers this CLI does not run (an external
+ * inference backend, a test's participants); serving one refuses it.
+ */
+export interface KindConfigSchema {
+  readonly apps: Readonly<Record<string, AppConfigSchema>>;
+}
+
+/** The kinds whose servers' keys are checked at load; a kind not in it is not checked. */
+export type KindConfigSchemas = Readonly<Partial<Record<ServerKind, KindConfigSchema>>>;
+
 export interface ParseOptions {
   env?: Env;
   /** The file's path: named in messages and the base of relative paths (default: cwd). */
   source?: string;
+  /** Each kind's app keys: a key its app does not know, or a mistyped value, refuses the file. */
+  kinds?: KindConfigSchemas;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,17 +152,23 @@ const CHECKPOINT_SCHEMA = {
   },
 } as const;
 
+/** The keys every server has, whatever its kind. */
+const COMMON_SERVER_KEYS = {
+  kind: { type: 'string', enum: SERVER_KINDS },
+  app: { type: 'string', minLength: 1 },
+  host: { type: 'string', minLength: 1, default: DEFAULT_SERVER_HOST },
+  port: { type: 'integer', minimum: 0, maximum: 65535 },
+  num_workers: { type: 'integer', minimum: 1, default: 1 },
+} as const;
+
 const SERVER_SCHEMA = {
   type: 'object',
   required: ['kind', 'app', 'port'],
-  // Open: each app validates its own keys. Only the keys this module reads are typed here.
+  // Open: each kind's schema (ParseOptions.kinds) checks its app's keys. Only the keys this
+  // module reads are typed here.
   additionalProperties: true,
   properties: {
-    kind: { type: 'string', enum: SERVER_KINDS },
-    app: { type: 'string', minLength: 1 },
-    host: { type: 'string', minLength: 1, default: DEFAULT_SERVER_HOST },
-    port: { type: 'integer', minimum: 0, maximum: 65535 },
-    num_workers: { type: 'integer', minimum: 1, default: 1 },
+    ...COMMON_SERVER_KEYS,
     model_server: { type: 'string', minLength: 1 },
     resources_server: { type: 'string', minLength: 1 },
     agent_server: { type: 'string', minLength: 1 },
@@ -231,7 +259,11 @@ interface RawStack {
 // Entry points.
 
 /** Reads, interpolates and validates a stack file; every problem is a `ConfigError`. */
-export function loadStackFile(path: string, env: Env = process.env): StackSettings {
+export function loadStackFile(
+  path: string,
+  env: Env = process.env,
+  kinds?: KindConfigSchemas,
+): StackSettings {
   let text: string;
   try {
     text = readFileSync(path, 'utf8');
@@ -240,7 +272,7 @@ export function loadStackFile(path: string, env: Env = process.env): StackSettin
       cause: err,
     });
   }
-  return parseStackFile(text, { env, source: path });
+  return parseStackFile(text, { env, source: path, ...(kinds ? { kinds } : {}) });
 }
 
 /** Parses stack file text. `source` names the file in messages and anchors relative paths. */
@@ -266,6 +298,10 @@ export function parseStackFile(text: string, opts: ParseOptions = {}): StackSett
   if (!validateStack(data)) fail(schemaProblems(validateStack.errors ?? [], data));
   const raw = data as RawStack;
 
+  const appProblems = Object.entries(raw.servers).flatMap(([name, server]) =>
+    appConfigProblems(name, server, opts.kinds?.[server.kind]),
+  );
+  if (appProblems.length > 0) fail(appProblems);
   const problems = stackProblems(raw);
   if (problems.length > 0) fail(problems);
   return buildSettings(raw, source, baseDir);
@@ -455,10 +491,11 @@ function schemaProblem(error: ErrorObject, data: unknown): string | undefined {
       }
       break;
     case 'additionalProperties': {
+      const key = String(params.additionalProperty);
       const allowed = Object.keys(
         (error.parentSchema as { properties?: object } | undefined)?.properties ?? {},
       );
-      return `${at(String(params.additionalProperty))}: unknown key (allowed: ${allowed.join(', ')})`;
+      return `${at(key)}: unknown key (allowed: ${allowed.join(', ')})${didYouMean(closest(key, allowed))}`;
     }
     case 'required':
       return `${at(String(params.missingProperty))}: is required`;
@@ -466,7 +503,8 @@ function schemaProblem(error: ErrorObject, data: unknown): string | undefined {
       return `${at()}: must be one of ${(params.allowedValues as unknown[]).join(', ')}`;
     case 'type':
       if (path.length === 0) return '(top level): the stack file must be a YAML mapping';
-      break;
+      // ajv writes a union as `boolean,null`.
+      return `${at()}: must be ${String(params.type).split(',').join(' or ')}`;
   }
   return `${at()}: ${error.message ?? 'is invalid'}`;
 }
@@ -482,6 +520,40 @@ function pointerPath(pointer: string, data: unknown): PathSegment[] {
     current = (current as Record<PathSegment, unknown> | undefined)?.[segment];
   }
   return path;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Each server's own keys, against its kind's schema for its app.
+
+/** Compiled once per app schema: the kinds' tables are module constants of their packages. */
+const appValidators = new WeakMap<AppConfigSchema, ReturnType<typeof ajv.compile>>();
+
+function appValidator(schema: AppConfigSchema): ReturnType<typeof ajv.compile> {
+  let validate = appValidators.get(schema);
+  if (!validate) {
+    validate = ajv.compile({
+      type: 'object',
+      additionalProperties: false,
+      required: schema.required ?? [],
+      properties: { ...COMMON_SERVER_KEYS, ...schema.properties },
+    });
+    appValidators.set(schema, validate);
+  }
+  return validate;
+}
+
+/** `servers.<name>.<key>: …` for each key the server's app does not know or takes another type. */
+function appConfigProblems(
+  name: string,
+  server: RawServer,
+  kind: KindConfigSchema | undefined,
+): string[] {
+  const schema = kind && Object.hasOwn(kind.apps, server.app) ? kind.apps[server.app] : undefined;
+  if (!schema) return [];
+  const validate = appValidator(schema);
+  if (validate(server)) return [];
+  const problems = schemaProblems(validate.errors ?? [], server);
+  return problems.map((problem) => `servers.${name}.${problem}`);
 }
 
 // ---------------------------------------------------------------------------------------------

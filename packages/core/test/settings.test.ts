@@ -9,6 +9,7 @@ import { Ajv } from 'ajv';
 import { ConfigError } from '../src/errors.js';
 import {
   type Env,
+  type KindConfigSchemas,
   controlPoolLimits,
   dataPoolLimits,
   loadStackFile,
@@ -654,6 +655,65 @@ describe('loadStackFile', () => {
   it('refuses a file it cannot read, naming it', () => {
     const missing = join(tmpdir(), 'ckpt-gym-no-such-stack.yaml');
     expect(() => loadStackFile(missing, {})).toThrow(`${missing}: cannot read the stack file`);
+  });
+});
+
+describe("each kind's app keys (ParseOptions.kinds)", () => {
+  const kinds: KindConfigSchemas = {
+    model: {
+      apps: {
+        policy: {
+          type: 'object',
+          required: ['backend_url'],
+          properties: {
+            backend_url: { type: 'string' },
+            checkpoint_generation_cuts: { type: 'boolean' },
+            max_tokens: { type: 'integer' },
+          },
+        },
+      },
+    },
+    inference: { apps: { fake: { type: 'object', properties: {} } } },
+  };
+  const withKinds = (servers: string[]) => () =>
+    parseStackFile(stack({ servers }), { env: {}, source: SOURCE, kinds });
+
+  it('refuses a mistyped key when the file is loaded, with the key it resembles', () => {
+    const typo = `${MODEL.slice(0, -2)}, checkpoint_generation_cutz: true }`;
+    expect(withKinds([typo])).toThrow(
+      `${SOURCE}: servers.policy.checkpoint_generation_cutz: unknown key (allowed: kind, app, host, port, num_workers, backend_url, checkpoint_generation_cuts, max_tokens) (did you mean 'checkpoint_generation_cuts'?)`,
+    );
+    // Without the kinds' schemas only the keys core reads are checked.
+    expect(() => parse(stack({ servers: [typo] }))).not.toThrow();
+  });
+
+  it('refuses a wrong type and a missing key, each as servers.<name>.<key>', () => {
+    const message = (servers: string[]) => {
+      try {
+        withKinds(servers)();
+      } catch (err) {
+        return (err as Error).message.split('\n');
+      }
+      throw new Error('accepted');
+    };
+    expect(
+      message([
+        `${MODEL.slice(0, -2)}, max_tokens: many }`,
+        'bare: { kind: model, app: policy, port: 8102 }',
+      ]),
+    ).toEqual([
+      `${SOURCE}: servers.policy.max_tokens: must be integer`,
+      `${SOURCE}: servers.bare.backend_url: is required`,
+    ]);
+  });
+
+  it('leaves the keys of an app its kind does not list, and of a kind without a schema, unchecked', () => {
+    // An external inference backend, a test's participants: not this CLI's to run.
+    expect(withKinds(['vllm: { kind: inference, app: vllm, port: 8000, gpu: 0 }'])).not.toThrow();
+    expect(withKinds(['p: { kind: model, app: test, port: 8102, anything: 1 }'])).not.toThrow();
+    expect(
+      withKinds(['w: { kind: resources, app: weather, port: 8102, anything: 1 }']),
+    ).not.toThrow();
   });
 });
 

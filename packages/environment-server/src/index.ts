@@ -5,3 +5,5 @@ export * from './single-agent-turn.js';
 export * from './legacy.js';
 export * from './app.js';
 export * from './registry.js';
+export * from './config.js';
+export * from './kind.js';

@@ -2,11 +2,12 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { ConfigError, parseStackFile } from '@ckpt-gym/core';
+import { ConfigError, parseStackFile, startServerMain } from '@ckpt-gym/core';
 import got from 'got';
 
-import { startCli } from '../src/main.js';
-import { environmentConfig, environmentServerFromStack } from '../src/registry.js';
+import { environmentConfig } from '../src/config.js';
+import { environmentKind } from '../src/kind.js';
+import { environmentServerFromStack } from '../src/registry.js';
 import { runBody } from './support/harness.js';
 import { stubAgent, stubResources, type StubServer } from './support/stubs.js';
 
@@ -91,7 +92,11 @@ describe('the CLI', () => {
       stack('app: single_agent_turn', { agent: port(agent), resources: port(resources) }, true),
     );
     const lines: string[] = [];
-    const cli = await startCli(['--config', file, '--server', 'env'], (l) => void lines.push(l));
+    const cli = await startServerMain(
+      environmentKind,
+      ['--config', file, '--server', 'env'],
+      (l) => void lines.push(l),
+    );
     try {
       const listening = JSON.parse(lines[0]!) as Record<string, unknown>;
       expect(listening).toMatchObject({
@@ -106,11 +111,11 @@ describe('the CLI', () => {
       expect(reply).toMatchObject({ result: { reward: 1 } });
       expect(resources.calls[0]!.key).toBe('r1');
     } finally {
-      await cli.stop();
+      await cli.close();
     }
   });
 
   it('refuses to start without --config and --server', async () => {
-    await expect(startCli([])).rejects.toThrow(/usage/);
+    await expect(startServerMain(environmentKind, [])).rejects.toThrow(/usage/);
   });
 });

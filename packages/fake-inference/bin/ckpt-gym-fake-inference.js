@@ -5,7 +5,7 @@ import { existsSync } from 'node:fs';
 import process from 'node:process';
 import { URL } from 'node:url';
 
-const main = new URL('../dist/main.js', import.meta.url);
+const main = new URL('../dist/cli.js', import.meta.url);
 if (!existsSync(main)) {
   process.stderr.write('ckpt-gym-fake-inference: not built yet; run npm run build first\n');
   process.exit(1);

@@ -378,6 +378,7 @@ export interface ListenOptions extends FakeInferenceOptions {
 }
 
 export interface RunningFakeInference {
+  readonly app: Express;
   readonly server: Server;
   readonly state: FakeInferenceState;
   readonly port: number;
@@ -401,6 +402,7 @@ export async function startFakeInference(
   const { port } = server.address() as AddressInfo;
   const urlHost = host.includes(':') ? `[${host}]` : host;
   return {
+    app,
     server,
     state,
     port,

@@ -51,3 +51,10 @@ export {
   generateRest,
   openCapture,
 } from './capture.js';
+export {
+  FAKE_INFERENCE_APP,
+  FAKE_INFERENCE_CONFIG_SCHEMA,
+  type FakeInferenceConfig,
+  fakeInferenceConfig,
+} from './config.js';
+export { fakeInferenceKind } from './kind.js';

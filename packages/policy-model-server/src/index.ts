@@ -2,13 +2,13 @@
 export {
   CAPTURE_CONTROL_PREFIX,
   MAX_REMOVAL_BATCH,
-  type PolicyModelConfig,
   type PolicyModelOptions,
   type PolicyModelServer,
   createPolicyModelServer,
-  policyModelConfig,
   removalIds,
 } from './app.js';
+export { POLICY_CONFIG_SCHEMA, type PolicyModelConfig, policyModelConfig } from './config.js';
+export { policyModelKind } from './kind.js';
 export { GateMarks, PolicyGate, type Ticket, staleAttempt } from './gate.js';
 export {
   CaptureLedger,

@@ -1,5 +1,5 @@
 /**
- * Two policy model servers as two processes (the compiled `dist/main.js`), sharing one capture
+ * Two policy model servers as two processes (the package's bin over the compiled `dist/`), sharing one capture
  * directory and one fake backend. The package and its workspace dependencies are built first.
  */
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
@@ -28,7 +28,7 @@ import {
 jest.setTimeout(120_000);
 
 const repo = resolve(import.meta.dirname, '../../..');
-const main = join(repo, 'packages/policy-model-server/dist/main.js');
+const main = join(repo, 'packages/policy-model-server/bin/ckpt-gym-policy-model.js');
 
 beforeAll(() => {
   const build = (pkg: string) =>

@@ -1,10 +1,22 @@
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { startFromStackFile, type StartedResourcesServer } from '../src/index.js';
+import { type Env, type GymServer, kindSchemas, loadStackFile } from '@ckpt-gym/core';
+
+import { resourcesKind } from '../src/index.js';
 import { cleanUp, SilentLogger, tempDir } from './support.js';
 
-const started: StartedResourcesServer[] = [];
+/** What `ckpt-gym serve` and the package's bin do: load the file with the kind's schema, start. */
+async function startFromStackFile(
+  path: string,
+  name: string,
+  options: { env?: Env; logger?: SilentLogger } = {},
+): Promise<GymServer> {
+  const stack = loadStackFile(path, options.env, kindSchemas([resourcesKind]));
+  return resourcesKind.fromStack(stack, name, { logger: options.logger });
+}
+
+const started: GymServer[] = [];
 afterEach(async () => {
   await Promise.all(started.splice(0).map((s) => s.close()));
   await cleanUp();
@@ -30,11 +42,11 @@ describe('starting from the stack file', () => {
       logger: new SilentLogger(),
     });
     started.push(server);
-    const status = await fetch(`${server.listening.url}/ng-control/v1/checkpoint/status`, {
+    const status = await fetch(`${server.url}/ng-control/v1/checkpoint/status`, {
       headers: { authorization: 'Bearer secret' },
     });
     expect(await status.json()).toMatchObject({ instance: 'counter', mode: 'exported' });
-    const seed = await fetch(`${server.listening.url}/ng-rollout/r1/seed_session`, {
+    const seed = await fetch(`${server.url}/ng-rollout/r1/seed_session`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: '{}',
@@ -44,15 +56,17 @@ describe('starting from the stack file', () => {
 
   test('an unknown server, a non-resources server and a bad session_secret fail before listening', async () => {
     const path = await stackFile(
-      [
-        'servers:',
-        '  inference: { kind: inference, app: fake, port: 0 }',
-        '  weird: { kind: resources, app: weather, port: 0, session_secret: 3 }',
-      ].join('\n'),
+      ['servers:', '  inference: { kind: inference, app: fake, port: 0 }'].join('\n'),
     );
-    await expect(startFromStackFile(path, 'nope')).rejects.toThrow(/server 'nope' is not in/);
+    await expect(startFromStackFile(path, 'nope')).rejects.toThrow(/no server named 'nope'/);
     await expect(startFromStackFile(path, 'inference')).rejects.toThrow(/not 'resources'/);
-    await expect(startFromStackFile(path, 'weird')).rejects.toThrow(/session_secret/);
+    // The session_secret is checked when the file is loaded.
+    const weird = await stackFile(
+      ['servers:', '  weird: { kind: resources, app: weather, port: 0, session_secret: 3 }'].join(
+        '\n',
+      ),
+    );
+    await expect(startFromStackFile(weird, 'weird')).rejects.toThrow(/session_secret/);
   });
 
   test("a configured session_secret signs the cookie, so a second process accepts the first one's cookie", async () => {
@@ -63,7 +77,7 @@ describe('starting from the stack file', () => {
     );
     const one = await startFromStackFile(path, 'c', { logger: new SilentLogger() });
     started.push(one);
-    const seed = await fetch(`${one.listening.url}/seed_session`, {
+    const seed = await fetch(`${one.url}/seed_session`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: '{"initial_count": 9}',
@@ -71,7 +85,7 @@ describe('starting from the stack file', () => {
     const cookie = (seed.headers.get('set-cookie') ?? '').split(';')[0] as string;
     const two = await startFromStackFile(path, 'c', { logger: new SilentLogger() });
     started.push(two);
-    const again = await fetch(`${two.listening.url}/get_counter_value`, {
+    const again = await fetch(`${two.url}/get_counter_value`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', cookie },
       body: '{}',

@@ -26,9 +26,12 @@ function stageTable(stages: readonly Stage[]): string {
   );
 }
 
+type Prepared = Awaited<ReturnType<typeof prepare>>;
+
 export async function checkpointCommand(ctx: CommandContext): Promise<CommandResult> {
   const participants = await ctx.participants();
   const id = ctx.invocation.id ?? generatedId('ckpt');
+  // Before prepare: a missing --dir must not close the stack.
   const dir = ctx.checkpointDir();
   const stages: Stage[] = [];
 
@@ -48,26 +51,9 @@ export async function checkpointCommand(ctx: CommandContext): Promise<CommandRes
       seconds: prepared.seconds,
       result: 'NOT prepared by the deadline',
     });
-    await resumeAfterFailure(
-      ctx,
-      participants,
-      id,
-      'it was not prepared by its deadline',
-      stages,
-      preparedData,
-    );
-    return {
-      exitCode: ExitCode.NOT_PREPARED,
-      data: { checkpoint_id: id, checkpoint_dir: dir, stages, ...preparedData, resumed: true },
-      text: [
-        prepareTable(participants, result),
-        '',
-        stageTable(stages),
-        '',
-        `checkpoint ${id} was NOT prepared by its deadline; blockers above. ` +
-          'Resumed: nothing was committed.',
-      ].join('\n'),
-    };
+    const why = 'it was not prepared by its deadline';
+    await resumeAfterFailure(ctx, participants, id, why, stages, preparedData);
+    return notPrepared(participants, { id, dir }, result, stages);
   }
   stages.push({
     stage: 'prepare',
@@ -78,12 +64,12 @@ export async function checkpointCommand(ctx: CommandContext): Promise<CommandRes
   const stop = ctx.invocation.stop;
   let committed;
   try {
-    const restarts = result.restarts().map(captureKey);
-    const given = ctx.invocation.episodes;
-    const inFlight: InFlight = given
-      ? { scope: result.continued(given), restarts }
-      : episodesInFlight(participants.members, await ctx.statuses(participants), restarts);
-    committed = await commitAndPublish(ctx, participants, id, inFlight);
+    committed = await commitAndPublish(
+      ctx,
+      participants,
+      id,
+      await inFlight(ctx, participants, result),
+    );
   } catch (err) {
     await resumeAfterFailure(ctx, participants, id, describe(err), stages, preparedData);
     throw err;
@@ -101,10 +87,59 @@ export async function checkpointCommand(ctx: CommandContext): Promise<CommandRes
     );
     stages.push({ stage: 'resume', seconds: resumed.seconds, result: 'admission open' });
   }
+  return checkpointed({ id, dir, stop }, result, committed.data, stages);
+}
+
+/** The scope to commit: the episodes given, or every one in flight; and the restarts. */
+async function inFlight(
+  ctx: CommandContext,
+  participants: Participants,
+  result: Prepared,
+): Promise<InFlight> {
+  const restarts = result.restarts().map(captureKey);
+  const given = ctx.invocation.episodes;
+  return given
+    ? { scope: result.continued(given), restarts }
+    : episodesInFlight(participants.members, await ctx.statuses(participants), restarts);
+}
+
+function notPrepared(
+  participants: Participants,
+  { id, dir }: { id: string; dir: string },
+  result: Prepared,
+  stages: readonly Stage[],
+): CommandResult {
+  return {
+    exitCode: ExitCode.NOT_PREPARED,
+    data: {
+      checkpoint_id: id,
+      checkpoint_dir: dir,
+      stages,
+      ...prepareData(result),
+      resumed: true,
+    },
+    text: [
+      prepareTable(participants, result),
+      '',
+      stageTable(stages),
+      '',
+      `checkpoint ${id} was NOT prepared by its deadline; blockers above. ` +
+        'Resumed: nothing was committed.',
+    ].join('\n'),
+  };
+}
+
+function checkpointed(
+  { id, dir, stop }: { id: string; dir: string; stop: boolean },
+  result: Prepared,
+  committed: Record<string, unknown>,
+  stages: readonly Stage[],
+): CommandResult {
+  const exported = committed.exported as string[];
   const total = stages.reduce((sum, s) => sum + s.seconds, 0);
   return {
     exitCode: ExitCode.OK,
-    data: { ...committed.data, stages, seconds: total, prepare: preparedData, resumed: !stop },
+    data: { ...committed, stages, seconds: total, prepare: prepareData(result), resumed: !stop },
     text: [
       stageTable(stages),
       '',

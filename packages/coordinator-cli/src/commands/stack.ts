@@ -2,6 +2,8 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
+import { listeningLine } from '@ckpt-gym/core';
+
 import { DEFAULT_RUN_DIR, PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, describe } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
@@ -63,7 +65,7 @@ export async function serveCommand(ctx: CommandContext): Promise<CommandResult> 
   }
   // With --json, stdout holds only the closing document; the line goes with the progress.
   (ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout).write(
-    `${JSON.stringify({ event: 'listening', server: name, kind: running.kind, host: running.host, port: running.port, url: running.url })}\n`,
+    `${listeningLine(running, ctx.stack)}\n`,
   );
   const received = await signal.received;
   await running.close();

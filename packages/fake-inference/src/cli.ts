@@ -1,9 +1,11 @@
-#!/usr/bin/env node
 /**
  * `ckpt-gym-fake-inference`: runs the fake backend as its own process, so its call log and token
- * store outlive a crash of every gym process. USAGE below says the rest.
+ * store outlive a crash of every gym process. It takes flags, not a stack file (in a stack,
+ * `ckpt-gym serve` starts it through its kind); the process glue is core's. USAGE says the rest.
  */
 import { parseArgs } from 'node:util';
+
+import { runServerProcess } from '@ckpt-gym/core';
 
 import { DEFAULT_MODEL, type ListenOptions, startFakeInference } from './app.js';
 import { SCRIPTS, type ScriptName } from './script.js';
@@ -23,7 +25,7 @@ options:
   --help, -h        show this help`;
 
 function fail(message: string): never {
-  process.stderr.write(`ckpt-gym-fake-inference: ${message}\n`);
+  process.stderr.write(`${PROGRAM}: ${message}\n`);
   process.exit(2);
 }
 
@@ -74,25 +76,12 @@ function parseCli(argv: string[]): ListenOptions {
   };
 }
 
-const running = await startFakeInference(parseCli(process.argv.slice(2))).catch((err: unknown) => {
-  process.stderr.write(`ckpt-gym-fake-inference: cannot listen: ${(err as Error).message}\n`);
-  process.exit(1);
-});
-process.stdout.write(
-  `${JSON.stringify({ event: 'listening', host: running.host, port: running.port, url: running.url })}\n`,
-);
+const PROGRAM = 'ckpt-gym-fake-inference';
 
-let stopping = false;
-const stop = (): void => {
-  if (stopping) return;
-  stopping = true;
-  running.close().then(
-    () => process.exit(0),
-    (err: unknown) => {
-      process.stderr.write(`ckpt-gym-fake-inference: close failed: ${String(err)}\n`);
-      process.exit(1);
-    },
+await runServerProcess(PROGRAM, async () => {
+  const running = await startFakeInference(parseCli(process.argv.slice(2)));
+  process.stdout.write(
+    `${JSON.stringify({ event: 'listening', host: running.host, port: running.port, url: running.url })}\n`,
   );
-};
-process.on('SIGTERM', stop);
-process.on('SIGINT', stop);
+  return running;
+});

@@ -1,0 +1,17 @@
+#!/usr/bin/env node
+// The `ckpt-gym-agent` bin: one agent server of a stack file, through core's one server entry
+// (`runServerMain`). Committed with its execute bit, as the ckpt-gym bin is.
+import { existsSync } from 'node:fs';
+import process from 'node:process';
+import { URL } from 'node:url';
+
+const kind = new URL('../dist/kind.js', import.meta.url);
+if (!existsSync(kind)) {
+  process.stderr.write('ckpt-gym-agent: not built yet; run npm run build first\n');
+  process.exit(1);
+}
+const [{ runServerMain }, { agentKind }] = await Promise.all([
+  import('@ckpt-gym/core'),
+  import(kind.href),
+]);
+await runServerMain('ckpt-gym-agent', agentKind);

@@ -1,0 +1,197 @@
+/**
+ * One way to start a server: each server package exports a `ServerKindModule` (its kind, the
+ * schema of its apps' keys and `fromStack`), `ckpt-gym serve` is a table of them, and a package's
+ * own bin is `runServerMain(itsKind)`. The close order of a running server belongs to its package.
+ */
+import { parseArgs } from 'node:util';
+
+import type { Express } from 'express';
+
+import { CkptGymError, ConfigError } from './errors.js';
+import type { Logger } from './logging.js';
+import { listen, type ListeningServer } from './server.js';
+import {
+  type KindConfigSchema,
+  type KindConfigSchemas,
+  loadStackFile,
+  type ServerKind,
+  type ServerSettings,
+  serverSettings,
+  type StackSettings,
+} from './settings.js';
+
+/** A server of a stack file, built and listening. */
+export interface GymServer {
+  readonly name: string;
+  readonly kind: ServerKind;
+  readonly app: Express;
+  /** The control plane, when the server is a checkpoint participant. */
+  readonly plane: { dispose(): void } | undefined;
+  readonly host: string;
+  readonly port: number;
+  readonly url: string;
+  /** Stops accepting, lets requests in flight finish (as the kind decides), releases timers and pools. */
+  close(): Promise<void>;
+}
+
+export interface FromStackOptions {
+  logger?: Logger;
+  /** Listen here instead of the stack file's port (0: a free port). */
+  port?: number;
+}
+
+export interface ServerKindModule<K extends ServerKind = ServerKind> {
+  readonly kind: K;
+  /** Checked when the stack file is loaded (`parseStackFile`'s `kinds`). */
+  readonly configSchema: KindConfigSchema;
+  /** Builds the named server of the stack and listens on its host and port. */
+  fromStack(stack: StackSettings, name: string, options?: FromStackOptions): Promise<GymServer>;
+}
+
+/** What a kind adds to its app to make it a `GymServer`: its plane and its close order. */
+export interface GymServerParts {
+  readonly plane: GymServer['plane'];
+  close(listening: ListeningServer): Promise<void>;
+}
+
+/** Listens on the server's host and port (or `options.port`); `close` gets the listener. */
+export async function listenGymServer(
+  settings: ServerSettings,
+  app: Express,
+  options: FromStackOptions,
+  parts: GymServerParts,
+): Promise<GymServer> {
+  const listening = await listen(app, options.port ?? settings.port, settings.host);
+  return {
+    name: settings.name,
+    kind: settings.kind,
+    app,
+    plane: parts.plane,
+    host: settings.host,
+    port: listening.port,
+    url: listening.url,
+    close: () => parts.close(listening),
+  };
+}
+
+/** The kinds' schemas, as `parseStackFile` takes them. */
+export function kindSchemas(kinds: Iterable<ServerKindModule>): KindConfigSchemas {
+  return Object.fromEntries([...kinds].map((k) => [k.kind, k.configSchema]));
+}
+
+/** The named server, refused unless it is of `kind`: what each `fromStack` starts with. */
+export function serverOfKind(stack: StackSettings, name: string, kind: ServerKind): ServerSettings {
+  const server = serverSettings(stack, name);
+  if (server.kind !== kind) {
+    throw new ConfigError(`servers.${name}: kind is ${server.kind}, not ${kind}`);
+  }
+  return server;
+}
+
+/** The one line a server process prints once it accepts calls. */
+export function listeningLine(server: GymServer, stack?: StackSettings): string {
+  const { name, kind, host, port, url } = server;
+  return JSON.stringify({
+    event: 'listening',
+    server: name,
+    kind,
+    ...(stack ? { app: serverSettings(stack, name).app } : {}),
+    host,
+    port,
+    url,
+    ...(stack ? { checkpointing: stack.checkpoint !== undefined } : {}),
+  });
+}
+
+const USAGE = '--config <stack file> --server <name> [--port N]';
+
+/**
+ * Starts the server `--server` of the stack file `--config` with `kind` (the stack file checked
+ * against its schema) and prints the listening line. A bad argument or file is a `ConfigError`.
+ */
+export async function startServerMain(
+  kind: ServerKindModule,
+  argv: readonly string[],
+  print: (line: string) => void = (line) => void process.stdout.write(`${line}\n`),
+): Promise<GymServer> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: [...argv],
+      options: { config: { type: 'string' }, server: { type: 'string' }, port: { type: 'string' } },
+      strict: true,
+    }));
+  } catch (err) {
+    throw new ConfigError(`${(err as Error).message}; usage: ${USAGE}`);
+  }
+  if (!values.config || !values.server) throw new ConfigError(`usage: ${USAGE}`);
+  if (values.port !== undefined && !/^\d+$/.test(values.port)) {
+    throw new ConfigError(`--port must be an integer, got ${values.port}`);
+  }
+  const stack = loadStackFile(values.config, process.env, kindSchemas([kind]));
+  const server = await kind.fromStack(stack, values.server, {
+    ...(values.port === undefined ? {} : { port: Number(values.port) }),
+  });
+  print(listeningLine(server, stack));
+  return server;
+}
+
+/**
+ * A server process: `start` it, then on SIGTERM or SIGINT close it and exit 0. A bad argument or
+ * stack file exits 2, any other failure to start (a port in use) 1.
+ */
+export function runServerProcess(
+  program: string,
+  start: () => Promise<{ close(): Promise<void> }>,
+) {
+  const fail = (message: string, code: number): never => {
+    process.stderr.write(`${program}: ${message}\n`);
+    process.exit(code);
+  };
+  return start().then(
+    (server) => {
+      let stopping = false;
+      const stop = (): void => {
+        if (stopping) return;
+        stopping = true;
+        server.close().then(
+          () => process.exit(0),
+          (err: unknown) => fail(`close failed: ${String(err)}`, 1),
+        );
+      };
+      process.on('SIGTERM', stop);
+      process.on('SIGINT', stop);
+    },
+    (err: unknown) =>
+      err instanceof CkptGymError
+        ? fail(err.message, err instanceof ConfigError ? 2 : 1)
+        : fail(`cannot start: ${err instanceof Error ? err.message : String(err)}`, 1),
+  );
+}
+
+/** What a server package's bin runs: `<program> --config <stack file> --server <name> [--port N]`. */
+export function runServerMain(
+  program: string,
+  kind: ServerKindModule,
+  argv: readonly string[] = process.argv.slice(2),
+): Promise<void> {
+  if (argv.includes('--help') || argv.includes('-h')) {
+    process.stdout.write(`${serverMainUsage(program, kind.kind)}\n`);
+    process.exit(0);
+  }
+  return runServerProcess(program, () => startServerMain(kind, argv));
+}
+
+function serverMainUsage(program: string, kind: ServerKind): string {
+  return `usage: ${program} ${USAGE}
+
+Runs the server <name> (of kind ${kind}) of a stack file. Prints one JSON line
+{"event":"listening",…} on stdout once it accepts calls; SIGTERM or SIGINT stops accepting,
+lets requests in flight finish, and exits 0. A bad option or stack file exits 2.
+
+options:
+  --config FILE  the stack file
+  --server NAME  the server to run
+  --port N       listen on N instead of the stack file's port (0: a free port)
+  --help, -h     show this help`;
+}
