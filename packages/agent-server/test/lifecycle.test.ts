@@ -1,3 +1,4 @@
+import { ep, Gate, until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import type { AgentDefinition } from '../src/agent.js';
@@ -8,7 +9,6 @@ import {
   closeSession,
   commit,
   control,
-  ep,
   errorCode,
   type Harness,
   post,
@@ -18,9 +18,7 @@ import {
   retire,
   seed,
   startStack,
-  until,
 } from './support/harness.js';
-import { Gate } from './support/stubs.js';
 
 let h: Harness;
 afterEach(async () => {

@@ -1,3 +1,4 @@
+import { ep, Gate, until } from '@ckpt-gym/testing';
 import type { Express } from 'express';
 
 import type { Agent, AgentDefinition } from '../src/agent.js';
@@ -6,7 +7,6 @@ import { simpleAgent, type SimpleSessionState } from '../src/simple-agent.js';
 import {
   activate,
   commit,
-  ep,
   errorCode,
   type Harness,
   post,
@@ -16,9 +16,7 @@ import {
   retire,
   seed,
   startStack,
-  until,
 } from './support/harness.js';
-import { Gate } from './support/stubs.js';
 
 let h: Harness;
 afterEach(async () => {
