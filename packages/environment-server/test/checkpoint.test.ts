@@ -7,12 +7,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { CheckpointStateError, encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { AGENT_RESPONSE, Gate, OBSERVATIONS, until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import { EnvironmentParticipant } from '../src/participant.js';
 import type { EnvironmentProtocol } from '../src/protocol.js';
-import { Harness, type HarnessOptions, runBody, until } from './support/harness.js';
-import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
+import { Harness, type HarnessOptions, runBody } from './support/harness.js';
 
 const R1 = { rollout_id: 'r1', attempt: 0 };
 const R1_A1 = { rollout_id: 'r1', attempt: 1 };

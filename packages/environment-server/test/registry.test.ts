@@ -3,12 +3,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { ConfigError, parseStackFile } from '@ckpt-gym/core';
+import { stubAgent, stubResources, type StubServer } from '@ckpt-gym/testing';
 import got from 'got';
 
 import { startCli } from '../src/main.js';
 import { environmentConfig, environmentServerFromStack } from '../src/registry.js';
 import { runBody } from './support/harness.js';
-import { stubAgent, stubResources, type StubServer } from './support/stubs.js';
 
 function stack(
   envEntry: string,

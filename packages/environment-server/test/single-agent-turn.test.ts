@@ -1,9 +1,15 @@
 import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
-import { Harness, runBody, until } from './support/harness.js';
-import { closeConnections, send } from '@ckpt-gym/testing';
-import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
+import { Harness, runBody } from './support/harness.js';
+import {
+  closeConnections,
+  send,
+  AGENT_RESPONSE,
+  Gate,
+  OBSERVATIONS,
+  until,
+} from '@ckpt-gym/testing';
 
 let h: Harness | undefined;
 afterEach(async () => {
