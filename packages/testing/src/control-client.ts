@@ -23,6 +23,8 @@ export interface ControlClient extends AsyncDisposable {
   readonly url: string;
   /** POSTs `body` to `/ng-control/v1/checkpoint/<route>` as it is (no deadline added). */
   post(route: string, body?: Json): Promise<ControlReply>;
+  /** GETs `/ng-control/v1/checkpoint/<route>` (the status route), whatever the reply's status. */
+  get(route: string): Promise<ControlReply>;
   /** POSTs with a 30 s `deadline_ts` unless `body` has one; fails unless the reply is a 200. */
   ok(route: string, body: Json): Promise<Json>;
   status(): Promise<Json>;
@@ -35,17 +37,24 @@ export interface ControlClient extends AsyncDisposable {
   close(): void;
 }
 
+/** The reply's JSON object; a reply that is none (an HTML 404 of a bare app) as `{ text }`. */
 function parse(text: string): Json {
-  return text.length === 0 ? {} : (JSON.parse(text) as Json);
+  if (text.length === 0) return {};
+  try {
+    return JSON.parse(text) as Json;
+  } catch {
+    return { text };
+  }
 }
 
 /** A control client for the participant at `url`; `await using` closes its connections. */
 export function controlClient(url: string, token: string): ControlClient {
   const clients = createHttpClients();
   const base = `${url}${CHECKPOINT_ROUTE_PREFIX}`;
-  const post = async (route: string, body: Json = {}): Promise<ControlReply> => {
-    const res = await clients.control.post(`${base}/${route}`, {
-      json: body,
+  const call = async (route: string, body?: Json): Promise<ControlReply> => {
+    const res = await clients.control(`${base}/${route}`, {
+      method: body === undefined ? 'GET' : 'POST',
+      ...(body === undefined ? {} : { json: body }),
       headers: { authorization: `Bearer ${token}` },
       responseType: 'text',
       throwHttpErrors: false,
@@ -53,6 +62,7 @@ export function controlClient(url: string, token: string): ControlClient {
     });
     return { status: res.statusCode, body: parse(res.body) };
   };
+  const post = (route: string, body: Json = {}) => call(route, body);
   const ok = async (route: string, body: Json): Promise<Json> => {
     const reply = await post(route, { deadline_ts: deadline(), ...body });
     if (reply.status !== 200) {
@@ -64,6 +74,7 @@ export function controlClient(url: string, token: string): ControlClient {
   return {
     url,
     post,
+    get: (route) => call(route),
     ok,
     status: () => getControl(clients.control, `${base}/status`, { token }),
     prepare: (id, body = {}) => ok('prepare', { checkpoint_id: id, ...body }),

@@ -66,4 +66,5 @@ test('the control client sends the bearer and returns replies of any status', as
   expect(sent.route).toBe('resume');
   expect(sent.body).toEqual({ checkpoint_id: 'c1', deadline_ts: expect.any(Number) });
   await expect(bad.resume('c1')).rejects.toThrow('resume failed: 401');
+  expect((await good.get('status')).status).toBe(404); // a GET route the app does not have
 });
