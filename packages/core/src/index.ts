@@ -18,3 +18,4 @@ export * from './server.js';
 export * from './capture/index.js';
 export * from './headers.js';
 export { checkChatMessages } from './openai.js';
+export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from './testing/index.js';

@@ -11,8 +11,8 @@ export {
   type Json,
 } from './control-client.js';
 export { ep, episodes } from './episodes.js';
-export { FakeClock, settle } from './fake-clock.js';
-export { Gate } from './gate.js';
+// Core's own doubles: core's tests need them, and core cannot depend on this kit.
+export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core';
 export {
   closeConnections,
   expectClientOutcome,
@@ -24,7 +24,6 @@ export {
   replyProblem,
   send,
 } from './malformed.js';
-export { type LogLine, MemoryLogger } from './memory-logger.js';
 export {
   type HarnessOptions,
   participantHarness,

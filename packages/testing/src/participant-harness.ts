@@ -11,6 +11,8 @@ import {
   type CheckpointRecord,
   type CommitReply,
   ControlPlane,
+  FakeClock,
+  MemoryLogger,
   type ControlPlaneOptions,
   type Participant,
   type PrepareReply,
@@ -19,8 +21,6 @@ import {
 } from '@ckpt-gym/core';
 
 import { episodes } from './episodes.js';
-import { FakeClock } from './fake-clock.js';
-import { MemoryLogger } from './memory-logger.js';
 
 export interface ParticipantHarness<R extends CheckpointRecord> extends AsyncDisposable {
   readonly participant: Participant<R>;

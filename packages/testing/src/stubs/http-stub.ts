@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 
 import express, { type Request, type Response } from 'express';
 
-import type { Gate } from '../gate.js';
+import type { Gate } from '@ckpt-gym/core';
 
 /** Orders calls across every stub server of a test. */
 let sequence = 0;

@@ -5,7 +5,7 @@
  */
 import express, { type Request } from 'express';
 
-import { Gate } from '../gate.js';
+import { Gate } from '@ckpt-gym/core';
 import { serve } from '../serve.js';
 
 export interface RecordedCall {
@@ -20,6 +20,44 @@ export interface RecordedCall {
 function splitPrefix(req: Request): { key: string | null; path: string } {
   const m = /^\/ng-rollout\/([^/]+)(\/.*)$/.exec(req.path);
   return m ? { key: m[1]!, path: m[2]! } : { key: null, path: req.path };
+}
+
+/** What a stub records of each call. */
+function recorded(req: Request): RecordedCall {
+  const { key, path } = splitPrefix(req);
+  return {
+    key,
+    path,
+    body: req.body as Record<string, unknown>,
+    cookie: req.headers.cookie,
+    headers: req.headers,
+  };
+}
+
+interface Held {
+  gate: Gate;
+  arrived: () => void;
+  sent: () => void;
+}
+
+/** The next call a stub holds: the test opens its gate; `arrived` and `sent` say how far it got. */
+class NextHold {
+  #held: Held | null = null;
+
+  hold(): { gate: Gate; arrived: Promise<void>; sent: Promise<void> } {
+    const held: Partial<Held> = { gate: new Gate() };
+    const arrived = new Promise<void>((r) => (held.arrived = r));
+    const sent = new Promise<void>((r) => (held.sent = r));
+    this.#held = held as Held;
+    return { gate: this.#held.gate, arrived, sent };
+  }
+
+  /** The hold for the call that just came in, if the test asked for one (once). */
+  take(): Held | null {
+    const held = this.#held;
+    this.#held = null;
+    return held;
+  }
 }
 
 /** Resolves once `predicate` holds, checking whenever `notify` is called. */
@@ -67,21 +105,13 @@ export interface StubModel extends AsyncDisposable {
 export async function startStubModel(): Promise<StubModel> {
   const calls: RecordedCall[] = [];
   const waiters = new Waiters();
-  let hold: { gate: Gate; arrived: () => void; sent: () => void } | null = null;
+  const next = new NextHold();
   const app = express();
   app.use(express.json({ limit: '64mb' }));
   app.post(/.*\/v1\/responses$/, async (req, res) => {
-    const { key, path } = splitPrefix(req);
-    calls.push({
-      key,
-      path,
-      body: req.body as Record<string, unknown>,
-      cookie: req.headers.cookie,
-      headers: req.headers,
-    });
+    calls.push(recorded(req));
     waiters.notify();
-    const held = hold;
-    hold = null;
+    const held = next.take();
     if (held) {
       held.arrived();
       await held.gate.promise;
@@ -117,15 +147,7 @@ export async function startStubModel(): Promise<StubModel> {
   return {
     url: server.url,
     calls,
-    holdNext() {
-      const gate = new Gate();
-      let arrived!: () => void;
-      let sent!: () => void;
-      const arrivedP = new Promise<void>((r) => (arrived = r));
-      const sentP = new Promise<void>((r) => (sent = r));
-      hold = { gate, arrived, sent };
-      return { gate, arrived: arrivedP, sent: sentP };
-    },
+    holdNext: () => next.hold(),
     untilCalls: (n) => waiters.until(() => calls.length >= n),
     close: () => server.close(),
     [Symbol.asyncDispose]: () => server[Symbol.asyncDispose](),
@@ -145,20 +167,14 @@ export async function startStubToolResources(
   options: { verifyMode?: 'wait' | 'replay' } = {},
 ): Promise<StubToolResources> {
   const calls: RecordedCall[] = [];
-  let hold: { gate: Gate; arrived: () => void } | null = null;
+  const next = new NextHold();
   const app = express();
   app.use(express.json({ limit: '64mb' }));
   app.post(/.*/, async (req, res) => {
-    const { key, path } = splitPrefix(req);
-    calls.push({
-      key,
-      path,
-      body: req.body as Record<string, unknown>,
-      cookie: req.headers.cookie,
-      headers: req.headers,
-    });
-    const held = hold;
-    hold = null;
+    const call = recorded(req);
+    const { key, path } = call;
+    calls.push(call);
+    const held = next.take();
     if (held) {
       held.arrived();
       await held.gate.promise;
@@ -188,13 +204,7 @@ export async function startStubToolResources(
   return {
     url: server.url,
     calls,
-    holdNext() {
-      const gate = new Gate();
-      let arrived!: () => void;
-      const arrivedP = new Promise<void>((r) => (arrived = r));
-      hold = { gate, arrived };
-      return { gate, arrived: arrivedP };
-    },
+    holdNext: () => next.hold(),
     close: () => server.close(),
     [Symbol.asyncDispose]: () => server[Symbol.asyncDispose](),
   };

@@ -1,5 +1,5 @@
 /** A logger that keeps its lines for assertions and prints nothing. */
-import type { Logger, LogMeta } from '@ckpt-gym/core';
+import type { Logger, LogMeta } from '../logging.js';
 
 export interface LogLine {
   level: string;

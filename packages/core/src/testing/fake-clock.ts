@@ -2,7 +2,7 @@
  * A clock for control-plane tests: time moves only when the test advances it, and timers fire in
  * order as it passes them, so deadlines and leases are exercised without sleeping.
  */
-import type { ControlClock } from '@ckpt-gym/core';
+import type { ControlClock } from '../control/deadline.js';
 
 interface Timer {
   readonly at: number;
