@@ -94,3 +94,14 @@ test('disposing the harness removes its checkpoint root, not one it was given', 
   }
   expect(existsSync(root)).toBe(false);
 });
+
+test('disposing the harness disposes its plane: the lease timer a prepare set is cancelled', async () => {
+  let clock: { pendingTimers: number } | undefined;
+  {
+    await using h = await participantHarness(new Counters());
+    clock = h.clock;
+    expect((await h.prepare('c1')).phase).toBe('prepared');
+    expect(h.clock.pendingTimers).toBeGreaterThan(0); // the lease, on the fake clock
+  }
+  expect(clock.pendingTimers).toBe(0);
+});
