@@ -3,10 +3,11 @@
  * SIGTERM checkpoints and exits 75, and `--resume` after a crash of every gym process finishes
  * every rollout exactly once.
  */
+import { until } from '@ckpt-gym/testing';
 import { existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { closeAll, Deployment, scenario, until } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -70,7 +71,7 @@ scenario('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
   const run = dep.cli(runArgs(dep));
   await dep.waitForCalls(2 * ROLLOUTS.length);
   run.child.kill('SIGUSR1');
-  await until(() => published(dep).length === 1, 'the SIGUSR1 checkpoint');
+  await until(() => published(dep).length === 1, 'the SIGUSR1 checkpoint', 30_000);
   await dep.backend('/_ctl/release', {});
   expect(await run.exited).toBe(0);
   const rows = results(dep);

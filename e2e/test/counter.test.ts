@@ -2,7 +2,9 @@
  * The counter example keeps state on the resources server (`exported` mode): the right reward
  * needs the counter restored with the episode. The negative control skips the resources restore.
  */
-import { closeAll, Deployment, ep, scenario } from './support/deployment.js';
+import { ep } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { counterEpisode } from './support/stacks.js';
 
 afterEach(closeAll);

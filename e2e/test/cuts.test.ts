@@ -2,7 +2,9 @@
  * An in-flight generation is cut at prepare and its prefix continued after the restore (native
  * stack, token capture and generation cuts on).
  */
-import { closeAll, Deployment, ep, scenario } from './support/deployment.js';
+import { ep } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);

@@ -2,7 +2,9 @@
  * The legacy entries continue from their protocol boundary after a crash: Simple Agent's
  * whole-episode `/run`, and a flat row sent to the environment's `single_agent_turn_legacy`.
  */
-import { closeAll, Deployment, ep, scenario } from './support/deployment.js';
+import { ep } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherRow } from './support/stacks.js';
 
 afterEach(closeAll);

@@ -3,7 +3,9 @@
  * names the checkpointed call as its parent, and a checkpoint restored a second time, after its
  * replacement made calls and every gym process crashed, keeps none of the dead run's calls.
  */
-import { closeAll, type CallView, Deployment, ep, scenario } from './support/deployment.js';
+import { ep } from '@ckpt-gym/testing';
+
+import { closeAll, type CallView, Deployment, scenario } from './support/deployment.js';
 import { counterEpisode, TOKEN } from './support/stacks.js';
 
 afterEach(closeAll);

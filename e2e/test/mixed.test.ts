@@ -3,8 +3,9 @@
  * restart never holds up a checkpoint; after a crash it starts over while the saved one continues.
  */
 import { retire } from '@ckpt-gym/core';
+import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
-import { closeAll, Deployment, ep, scenario, seconds, tracked } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -35,7 +36,7 @@ scenario(
     const dep = await Deployment.start('mixed');
     await checkpointBoth(dep);
     await dep.crashAndRestore('c1', [ep('saved-1')]);
-    await retire(dep.participants(), 'retire-restarts', [ep('restart-1')], seconds(30));
+    await retire(dep.participants(), 'retire-restarts', [ep('restart-1')], deadline(30));
 
     const [saved, restart] = await Promise.all([
       dep.post('env', '/run', weatherEpisode('saved-1', 1)).reply,

@@ -2,7 +2,9 @@
  * Episodes on the typed `single_agent_turn` path (environment → Simple Agent → policy model →
  * fake backend, weather resources), checkpointed mid-episode by the test as controller.
  */
-import { closeAll, Deployment, ep, scenario, tracked, until } from './support/deployment.js';
+import { ep, tracked, until } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -77,7 +79,11 @@ describe('single_agent_turn episodes', () => {
     expect(committed.env?.episode_ids).toEqual(['park-1']);
     // The backend answers; the policy model holds the answer while the checkpoint is open.
     await dep.backend('/_ctl/release', {});
-    await until(async () => (await dep.calls())[0]?.returned === true, 'the backend to answer');
+    await until(
+      async () => (await dep.calls())[0]?.returned === true,
+      'the backend to answer',
+      30_000,
+    );
     await new Promise((r) => setTimeout(r, 1000));
     expect(run.done()).toBe(false);
     expect(await dep.callCount()).toBe(1);

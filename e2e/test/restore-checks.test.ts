@@ -8,8 +8,9 @@ import { cp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { CheckpointStateError, participantDir, restore, resume } from '@ckpt-gym/core';
+import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
-import { closeAll, Deployment, ep, scenario, seconds, tracked } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { counterEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -39,7 +40,7 @@ scenario(
     await dep.restart();
     const participants = dep.participants();
     const scope = [ep('counter-1')];
-    const refused = await restore(participants, 'back', tampered, scope, seconds(30)).catch(
+    const refused = await restore(participants, 'back', tampered, scope, deadline(30)).catch(
       (err: unknown) => err,
     );
     expect(refused).toBeInstanceOf(CheckpointStateError);
@@ -50,8 +51,8 @@ scenario(
     // Every participant idle, nothing installed, no retire marks.
     expect(tracked(await dep.statuses())).toEqual({});
 
-    await restore(participants, 'back', dep.checkpointDir('c1'), scope, seconds(30));
-    await resume(participants, 'back', seconds(30));
+    await restore(participants, 'back', dep.checkpointDir('c1'), scope, deadline(30));
+    await resume(participants, 'back', deadline(30));
     const reply = await dep.post('env', '/run', counterEpisode('counter-1', 1)).reply;
     expect(reply.status).toBe(200);
     expect(reply.body.result).toMatchObject({ reward: 1, count: 6 });

@@ -3,8 +3,9 @@
  * retired attempt, until `forget` clears them.
  */
 import { forget, retire } from '@ckpt-gym/core';
+import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
-import { closeAll, Deployment, ep, scenario, seconds, tracked } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { TOKEN, weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -18,7 +19,7 @@ scenario(
     await dep.waitForCalls(2);
 
     const participants = dep.participants();
-    await retire(participants, 'retire-1', [ep('gone-1')], seconds(30));
+    await retire(participants, 'retire-1', [ep('gone-1')], deadline(30));
     const reply = await run.reply;
     expect(reply.status).toBe(409);
     expect(reply.body).toMatchObject({ error: { code: 'stale_attempt' } });
@@ -53,7 +54,7 @@ scenario(
     expect(duplicate.body).toMatchObject({ error: { code: 'stale_attempt' } });
     expect(await dep.callCount()).toBe(2);
 
-    await forget(participants, 'forget-1', ['gone-1'], seconds(30));
+    await forget(participants, 'forget-1', ['gone-1'], deadline(30));
     expect(tracked(await dep.statuses())).toEqual({});
   },
 );

@@ -17,8 +17,9 @@ import {
   resume,
   retire,
 } from '@ckpt-gym/core';
+import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
-import { closeAll, Deployment, ep, scenario, seconds, tracked } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -156,7 +157,7 @@ class Sequence {
       this.dep.participants(),
       `retire-${r.id}-${r.attempt}`,
       [ep(r.id, r.attempt)],
-      seconds(30),
+      deadline(30),
     );
     await r.settled;
     if (!finished(r)) {
@@ -168,11 +169,11 @@ class Sequence {
   async checkpoint(): Promise<void> {
     const id = `c${++this.checkpoints}`;
     const participants = this.dep.participants();
-    const prepared = await prepare(participants, id, seconds(5));
+    const prepared = await prepare(participants, id, deadline(5));
     if (!prepared.prepared) {
       // Stragglers: resume, retire them, and run them again as their next attempt.
       this.log.push(`checkpoint ${id}: not prepared ${JSON.stringify(prepared.blockers())}`);
-      await resume(participants, id, seconds(30));
+      await resume(participants, id, deadline(30));
       const keys = new Set(Object.values(prepared.blockers()).flat());
       for (const key of keys) {
         const episode = parseCaptureKey(key);
@@ -180,7 +181,7 @@ class Sequence {
           (x) => x.id === episode.rollout_id && x.attempt === episode.attempt,
         );
         if (!r || r.state !== 'running') continue;
-        await retire(participants, `retire-${key}`, [episode], seconds(30));
+        await retire(participants, `retire-${key}`, [episode], deadline(30));
         await r.settled;
         if (!finished(r)) {
           r.attempt += 1;
@@ -193,7 +194,7 @@ class Sequence {
     const scope = [...(env.episodes as string[]), ...(env.restored_pending as string[])].map(
       parseCaptureKey,
     );
-    const replies = await commit(participants, id, this.dep.checkpointDir(id), scope, seconds(10));
+    const replies = await commit(participants, id, this.dep.checkpointDir(id), scope, deadline(10));
     this.committed.push(id);
     const exported = new Set(replies.env?.episode_ids as string[]);
     // What was not exported has replied (finished before the checkpoint, or was refused).
@@ -204,7 +205,7 @@ class Sequence {
     );
     if (this.random() < 0.5) {
       this.log.push(`checkpoint ${id}: resume (${[...exported].join(',')})`);
-      await resume(participants, id, seconds(30));
+      await resume(participants, id, deadline(30));
       for (const r of this.rollouts) if (r.state === 'refused') this.dispatch(r);
       return;
     }
@@ -240,7 +241,7 @@ class Sequence {
       this.dep.participants(),
       'forget-all',
       this.rollouts.map((r) => r.id),
-      seconds(30),
+      deadline(30),
     );
   }
 }

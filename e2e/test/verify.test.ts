@@ -7,8 +7,9 @@ import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { commit, prepare, type PrepareResult } from '@ckpt-gym/core';
+import { deadline, ep, until } from '@ckpt-gym/testing';
 
-import { closeAll, Deployment, ep, scenario, seconds, until } from './support/deployment.js';
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { SLOW_VERIFY_FLAG, SLOW_VERIFY_LOG, weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -28,12 +29,14 @@ async function verifyInFlight(dep: Deployment, rollout: string) {
   await until(
     async () => (await dep.calls()).every((c) => c.returned),
     'both model calls answered',
+    30_000,
   );
   // The agent session is closed right before the verify boundary; the verify counts in flight
   // on the resources server in wait mode, and has been sent soon after in replay mode.
   await until(
     async () => (await dep.status('simple_agent')).report.counts?.sessions === 0,
     'the agent to close',
+    30_000,
   );
   await new Promise((r) => setTimeout(r, 500));
   return run;
@@ -51,7 +54,7 @@ for (const mode of ['replay', 'wait'] as const) {
       const dep = await Deployment.start('slow', { checkpointVerify: mode });
       await verifyInFlight(dep, 'verify-1');
 
-      const early: PrepareResult = await prepare(dep.participants(), 'c1', seconds(1));
+      const early: PrepareResult = await prepare(dep.participants(), 'c1', deadline(1));
       if (mode === 'replay') {
         expect(early.prepared).toBe(true);
       } else {
@@ -86,8 +89,12 @@ for (const crash of [false, true]) {
       const dep = await Deployment.start('slow', { checkpointVerify: 'wait' });
       const run = await verifyInFlight(dep, 'done-1');
       const participants = dep.participants();
-      const preparing = prepare(participants, 'c1', seconds(30));
-      await until(async () => (await dep.status('env')).phase === 'preparing', 'prepare to start');
+      const preparing = prepare(participants, 'c1', deadline(30));
+      await until(
+        async () => (await dep.status('env')).phase === 'preparing',
+        'prepare to start',
+        30_000,
+      );
       rmSync(flag(dep));
       const prepared = await preparing;
       expect(prepared.prepared).toBe(true);
@@ -99,7 +106,7 @@ for (const crash of [false, true]) {
         'c1',
         dep.checkpointDir('c1'),
         [ep('done-1')],
-        seconds(30),
+        deadline(30),
       );
       expect(committed.env?.episode_ids).toEqual(['done-1']);
       expect((await envBoundary(dep, 'c1')).next).toBe('return');

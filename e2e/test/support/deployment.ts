@@ -4,15 +4,17 @@
  * group while the fake backend lives on; `restart()` starts fresh gym processes on the same ports.
  * The test plays the controller through core's coordination functions.
  *
- * Every deployment registers itself: `closeAll()` (afterEach) kills what is left, SIGKILL as the
- * fallback, and removes the run directory. `scenario()` prints every server's log when its test fails.
+ * Every deployment registers itself: `closeAll()` (afterEach, which also runs after a jest timeout)
+ * kills what is left, SIGKILL as the fallback, and removes the run directory. `scenario()` prints
+ * every server's log when its test fails, then closes them: the logs live in the run directory, so
+ * a scenario's deployment is closed by the scenario, not by `await using` (which would remove them
+ * first). A deployment outside a scenario is `AsyncDisposable`.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 
 import {
   CLI_MAIN,
@@ -39,6 +41,8 @@ import {
   restore,
   resume,
 } from '@ckpt-gym/core';
+import { deadline, type Status, tracked, until } from '@ckpt-gym/testing';
+
 import { stackYaml, type StackOptions, type StackShape, TOKEN } from './stacks.js';
 
 export type Json = Record<string, unknown>;
@@ -55,14 +59,6 @@ export interface CallView {
   returned: boolean;
   dropped: boolean;
   continued_from: string | null;
-}
-
-/** The status reply of a participant (core's `StatusReply`, read loosely). */
-export interface Status extends Json {
-  kind: string;
-  phase: string;
-  retired_rollouts: number;
-  report: { blocker_count?: number; blockers?: string[]; counts?: Record<string, number> };
 }
 
 /** A CLI process: its exit code once it exits, and everything it printed so far. */
@@ -82,28 +78,7 @@ const PARTICIPANT_KINDS = new Set(['environment', 'model', 'agent', 'resources']
 const live = new Set<Deployment>();
 const LOG_TAIL_LINES = 80;
 
-export function seconds(from: number): number {
-  return Date.now() / 1000 + from;
-}
-
-/** Polls `check` every 50 ms until it holds; fails after `timeoutMs` naming `what`. */
-export async function until(
-  check: () => boolean | Promise<boolean>,
-  what: string,
-  timeoutMs = 30_000,
-): Promise<void> {
-  const end = Date.now() + timeoutMs;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(50);
-  }
-}
-
-export function ep(rolloutId: string, attempt = 0): EpisodeId {
-  return { rollout_id: rolloutId, attempt };
-}
-
-export class Deployment {
+export class Deployment implements AsyncDisposable {
   readonly clients: HttpClients = createHttpClients();
   readonly token = TOKEN;
   private closed = false;
@@ -231,14 +206,14 @@ export class Deployment {
     id: string,
     episodes: readonly EpisodeId[],
   ): Promise<{ prepared: PrepareResult; committed: Replies; dir: string }> {
-    const deadline = seconds(30);
+    const by = deadline(30);
     const participants = this.participants();
-    const prepared = await prepare(participants, id, deadline);
+    const prepared = await prepare(participants, id, by);
     if (!prepared.prepared) {
       throw new Error(`checkpoint ${id} not prepared: ${JSON.stringify(prepared.blockers())}`);
     }
     const dir = this.checkpointDir(id);
-    const committed = await commit(participants, id, dir, prepared.continued(episodes), deadline);
+    const committed = await commit(participants, id, dir, prepared.continued(episodes), by);
     return { prepared, committed, dir };
   }
 
@@ -259,7 +234,7 @@ export class Deployment {
   }
 
   async resume(id: string): Promise<Replies> {
-    return resume(this.participants(), id, seconds(30));
+    return resume(this.participants(), id, deadline(30));
   }
 
   /**
@@ -274,7 +249,7 @@ export class Deployment {
       Object.keys(left).every((key) => key === 'retired_rollouts' || key === 'retired_sessions'),
     );
     if (!onlyMarks) return before;
-    await forget(this.participants(), `forget-${rollouts.join('-')}`, rollouts, seconds(30));
+    await forget(this.participants(), `forget-${rollouts.join('-')}`, rollouts, deadline(30));
     return tracked(await this.statuses());
   }
 
@@ -311,15 +286,9 @@ export class Deployment {
       all.members.filter((m) => !(options.skipKinds ?? []).includes(m.kind)),
       { token: this.token, clients: this.clients },
     );
-    const deadline = seconds(30);
-    const restored = await restore(
-      participants,
-      restoreId,
-      this.checkpointDir(from),
-      episodes,
-      deadline,
-    );
-    await resume(participants, restoreId, deadline);
+    const by = deadline(30);
+    const restored = await restore(participants, restoreId, this.checkpointDir(from), episodes, by);
+    await resume(participants, restoreId, by);
     return restored;
   }
 
@@ -368,6 +337,10 @@ export class Deployment {
   killAll(): void {
     for (const child of this.children) child.kill('SIGKILL');
     for (const s of this.handle.servers.values()) killGroup(s.pid);
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
   }
 
   async close(): Promise<void> {
@@ -460,24 +433,3 @@ export function scenario(name: string, body: () => Promise<void>, timeoutMs?: nu
 }
 
 export { captureKey };
-
-/**
- * What each server still tracks: its non-zero readiness counts, restored episodes no request
- * claimed, and retired marks. Empty when the deployment is idle and clean.
- */
-export function tracked(statuses: Record<string, Status>): Record<string, Record<string, number>> {
-  const out: Record<string, Record<string, number>> = {};
-  for (const [name, status] of Object.entries(statuses)) {
-    const left: Record<string, number> = {};
-    for (const [key, value] of Object.entries(status.report.counts ?? {}))
-      if (value !== 0) left[key] = value;
-    if (status.retired_rollouts !== 0) left.retired_rollouts = status.retired_rollouts;
-    if (typeof status.retired_sessions === 'number' && status.retired_sessions !== 0)
-      left.retired_sessions = status.retired_sessions;
-    const pending = status.restored_pending;
-    if (Array.isArray(pending) && pending.length > 0) left.restored_pending = pending.length;
-    if (status.phase !== 'idle') left[`phase_${status.phase}`] = 1;
-    if (Object.keys(left).length > 0) out[name] = left;
-  }
-  return out;
-}

@@ -1,10 +1,10 @@
 import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { ep, until } from '@ckpt-gym/testing';
 
 import {
   activate,
   closeSession,
   commit,
-  ep,
   errorCode,
   type Harness,
   prepare,
@@ -14,7 +14,6 @@ import {
   type Seeded,
   startAgent,
   startStack,
-  until,
   weatherAccess,
 } from './support/harness.js';
 

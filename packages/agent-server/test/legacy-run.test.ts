@@ -1,4 +1,5 @@
 import { type EpisodeContext, listen, MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core';
+import { ep, Gate, until } from '@ckpt-gym/testing';
 import express from 'express';
 
 import type { AgentDefinition } from '../src/agent.js';
@@ -6,7 +7,6 @@ import { AgentParticipant } from '../src/participant.js';
 import { simpleAgent, type SimpleSessionState } from '../src/simple-agent.js';
 import {
   commit,
-  ep,
   type Harness,
   post,
   prepare,
@@ -14,9 +14,7 @@ import {
   resume,
   startAgent,
   startStack,
-  until,
 } from './support/harness.js';
-import { Gate } from './support/stubs.js';
 
 let h: Harness;
 const extra: Harness[] = [];

@@ -1,3 +1,4 @@
+import { ep, Gate, until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import type { AgentDefinition } from '../src/agent.js';
@@ -8,7 +9,6 @@ import {
   closeSession,
   commit,
   control,
-  ep,
   errorCode,
   type Harness,
   post,
@@ -18,21 +18,14 @@ import {
   retire,
   seed,
   startStack,
-  until,
 } from './support/harness.js';
-import { Gate } from './support/stubs.js';
 
-let h: Harness;
-afterEach(async () => {
-  await h.close();
-});
-
-function participant(): AgentParticipant {
+function participant(h: Harness): AgentParticipant {
   return h.agent.participant as AgentParticipant;
 }
 
-function counts(): Record<string, number> {
-  return participant().readiness().counts;
+function counts(h: Harness): Record<string, number> {
+  return participant(h).readiness().counts;
 }
 
 /** Simple Agent with gates a test can put in front of its hooks, and counts of each hook call. */
@@ -73,7 +66,7 @@ function gatedSimpleAgent(gates: {
 
 describe('closes', () => {
   test('a close that arrives after prepare waits for resume and the commit exports its session', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     expect((await prepare(h, 'c1')).phase).toBe('prepared');
     let closed = false;
@@ -81,9 +74,9 @@ describe('closes', () => {
       closed = true;
       return r;
     });
-    await until(() => counts().waiting_for_resume === 1, 'the close to wait');
+    await until(() => counts(h).waiting_for_resume === 1, 'the close to wait');
     // Waiting for resume holds up nothing.
-    expect(participant().ready()).toBe(true);
+    expect(participant(h).ready()).toBe(true);
     expect(await commit(h, 'c1', null)).toEqual(['r1']);
     expect(closed).toBe(false);
     await resume(h, 'c1');
@@ -93,7 +86,7 @@ describe('closes', () => {
   test('a close stops the activation before its cleanup starts', async () => {
     const gates = { close: new Gate() };
     const { definition } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const s = await seed(h, 'sess-1', 'r1');
     const held = h.model.holdNext();
     const running = activate(h, s, 'r1', 1);
@@ -102,7 +95,7 @@ describe('closes', () => {
     const stopped = await running;
     expect(stopped.status).toBe(409);
     // The activation has ended while the cleanup is still held.
-    expect(participant().runningActivation('sess-1')).toBeNull();
+    expect(participant(h).runningActivation('sess-1')).toBeNull();
     gates.close.open();
     expect((await closing).status).toBe(200);
     held.gate.open();
@@ -112,18 +105,18 @@ describe('closes', () => {
   test('a close cancelled while it stops the activation runs the cleanup once when retried', async () => {
     const gates = { respond: new Gate() };
     const { definition, calls } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const s = await seed(h, 'sess-1', 'r1');
     const running = activate(h, s, 'r1', 1);
-    await until(() => participant().runningActivation('sess-1') !== null, 'the activation');
+    await until(() => participant(h).runningActivation('sess-1') !== null, 'the activation');
     const abort = new AbortController();
     const first = closeSession(h, s, undefined, abort.signal).catch(() => 'aborted');
-    await until(() => participant().readiness().blockers.includes('r1'), 'the close to block');
+    await until(() => participant(h).readiness().blockers.includes('r1'), 'the close to block');
     abort.abort();
     expect(await first).toBe('aborted');
     // The activation has not stopped: the session stays tracked and blocking, no cleanup ran.
     await until(() => h.agent.sessions.get('sess-1')?.closing === false, 'close to give up');
-    expect(participant().readiness().blockers).toEqual(['r1']);
+    expect(participant(h).readiness().blockers).toEqual(['r1']);
     expect(calls.close).toBe(0);
     const second = closeSession(h, s);
     gates.respond.open();
@@ -135,7 +128,7 @@ describe('closes', () => {
   test('a retire that frees a session while its close runs leaves no receipt behind', async () => {
     const gates = { close: new Gate() };
     const { definition, calls } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const s = await seed(h, 'sess-1', 'r1');
     const closing = closeSession(h, s);
     await until(() => calls.close === 1, 'the close hook');
@@ -153,14 +146,14 @@ describe('closes', () => {
 
 describe('retire', () => {
   test('a retire stops the activation before it replies, and a late activation is stale_attempt', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     const held = h.model.holdNext();
     const running = activate(h, s, 'r1', 1);
     await held.arrived;
     const retired = await retire(h, [ep('r1')]);
     expect(retired.body).toEqual({ retired_count: 1 });
-    expect(participant().runningActivation('sess-1')).toBeNull();
+    expect(participant(h).runningActivation('sess-1')).toBeNull();
     expect(h.agent.sessions.get('sess-1')).toBeUndefined();
     expect(errorCode(await running)).toBe('stale_attempt');
     held.gate.open();
@@ -169,7 +162,7 @@ describe('retire', () => {
   });
 
   test('a retire touches only its own rollout', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s1 = await seed(h, 'sess-1', 'r1');
     const s2 = await seed(h, 'sess-2', 'r2');
     const held = h.model.holdNext();
@@ -177,7 +170,7 @@ describe('retire', () => {
     await held.arrived;
     expect((await retire(h, [ep('r1')])).status).toBe(200);
     expect(h.agent.sessions.get('sess-1')).toBeUndefined();
-    expect(participant().runningActivation('sess-2')).not.toBeNull();
+    expect(participant(h).runningActivation('sess-2')).not.toBeNull();
     held.gate.open();
     expect((await other).status).toBe(200);
     expect(errorCode(await activate(h, s1, 'r1', 1))).toBe('stale_attempt');
@@ -186,12 +179,12 @@ describe('retire', () => {
   test('a session whose retire hook was cut short stays blocking, is not exported, and is freed by a retry', async () => {
     const gates = { retire: new Gate() };
     const { definition, calls } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     await seed(h, 'sess-1', 'r1');
     const cut = await retire(h, [ep('r1')], 1);
     expect(errorCode(cut)).toBe('deadline_exceeded');
-    expect(participant().readiness().blockers).toEqual(['r1']);
-    expect(await participant().export(null, new AbortController().signal)).toEqual([]);
+    expect(participant(h).readiness().blockers).toEqual(['r1']);
+    expect(await participant(h).export(null, new AbortController().signal)).toEqual([]);
     // A retry cut short again waits for the same hook call instead of starting another.
     expect(errorCode(await retire(h, [ep('r1')], 1))).toBe('deadline_exceeded');
     expect(calls.retire).toBe(1);
@@ -200,22 +193,22 @@ describe('retire', () => {
     gates.retire.open();
     expect((await retire(h, [ep('r1')])).status).toBe(200);
     expect(calls.retire).toBe(1);
-    expect(participant().readiness().blockers).toEqual([]);
+    expect(participant(h).readiness().blockers).toEqual([]);
     expect(h.agent.sessions.size).toBe(0);
   });
 });
 
 describe('seeds', () => {
   test('a seed arriving during an open checkpoint waits for resume', async () => {
-    h = await startStack();
+    await using h = await startStack();
     await prepare(h, 'c1');
     let done = false;
     const seeding = seed(h, 'sess-1', 'r1').then((r) => {
       done = true;
       return r;
     });
-    await until(() => counts().waiting_for_resume === 1, 'the seed to wait');
-    expect(participant().ready()).toBe(true);
+    await until(() => counts(h).waiting_for_resume === 1, 'the seed to wait');
+    expect(participant(h).ready()).toBe(true);
     expect(done).toBe(false);
     await resume(h, 'c1');
     expect((await seeding).reply.status).toBe(200);
@@ -224,10 +217,10 @@ describe('seeds', () => {
   test('a seed in progress when admission closes holds up prepare and is exported', async () => {
     const gates = { seed: new Gate() };
     const { definition } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const seeding = seed(h, 'sess-1', 'r1');
-    await until(() => counts().seeds === 1, 'the seed');
-    expect(participant().ready()).toBe(false);
+    await until(() => counts(h).seeds === 1, 'the seed');
+    expect(participant(h).ready()).toBe(false);
     const first = await prepare(h, 'c1', { seconds: 0.3 });
     expect(first.phase).toBe('preparing');
     expect(first.report.blockers).toEqual(['r1']);
@@ -241,38 +234,38 @@ describe('seeds', () => {
   test('overlapping seeds of one session each hold up prepare until both finish', async () => {
     const gates = { seed: new Gate() };
     const { definition } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const a = seed(h, 'sess-1', 'r1');
     const b = seed(h, 'sess-1', 'r1');
-    await until(() => counts().seeds === 2, 'both seeds');
+    await until(() => counts(h).seeds === 2, 'both seeds');
     gates.seed.open();
     expect((await a).reply.status).toBe(200);
     expect((await b).reply.status).toBe(200);
-    expect(counts().seeds).toBe(0);
+    expect(counts(h).seeds).toBe(0);
     expect(h.agent.sessions.size).toBe(1);
   });
 
   test('a retire waits for a seed in progress and frees what it built', async () => {
     const gates = { seed: new Gate() };
     const { definition } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const seeding = seed(h, 'sess-1', 'r1');
-    await until(() => counts().seeds === 1, 'the seed');
+    await until(() => counts(h).seeds === 1, 'the seed');
     // While the seed is held, the retire cannot finish.
     expect(errorCode(await retire(h, [ep('r1')], 1))).toBe('deadline_exceeded');
     gates.seed.open();
     expect((await retire(h, [ep('r1')])).status).toBe(200);
     expect(errorCode((await seeding).reply)).toBe('stale_attempt');
     expect(h.agent.sessions.size).toBe(0);
-    expect(participant().has('sess-1')).toBe(false);
+    expect(participant(h).has('sess-1')).toBe(false);
   });
 
   test('a restore is refused while a seed is in progress', async () => {
     const gates = { seed: new Gate() };
     const { definition } = gatedSimpleAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     const seeding = seed(h, 'sess-1', 'r1');
-    await until(() => counts().seeds === 1, 'the seed');
+    await until(() => counts(h).seeds === 1, 'the seed');
     const reply = await restore(h, 'c0', [ep('r9')]);
     expect(errorCode(reply)).toBe('checkpoint_error');
     gates.seed.open();
@@ -282,7 +275,7 @@ describe('seeds', () => {
 
 describe('restarts', () => {
   test('a carried restart is neither waited for nor exported, and its activation parks until resume', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     const tool = h.resources.holdNext();
     let done = false;
@@ -296,14 +289,14 @@ describe('restarts', () => {
     expect(prepared.phase).toBe('prepared');
     expect(await commit(h, 'c1', null)).toEqual([]);
     tool.gate.open();
-    await until(() => participant().readiness().counts.at_boundary === 1, 'the park');
+    await until(() => participant(h).readiness().counts.at_boundary === 1, 'the park');
     expect(done).toBe(false);
     await resume(h, 'c1');
     expect((await running).status).toBe(200);
   });
 
   test('without the carried restart, the same activation holds up prepare', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     const tool = h.resources.holdNext();
     const running = activate(h, s, 'r1', 1);
@@ -311,19 +304,19 @@ describe('restarts', () => {
     const prepared = await prepare(h, 'c1', { seconds: 0.3 });
     expect(prepared.report.blockers).toEqual(['r1']);
     tool.gate.open();
-    await until(() => participant().ready(), 'ready');
+    await until(() => participant(h).ready(), 'ready');
     await prepare(h, 'c1');
     await resume(h, 'c1');
     expect((await running).status).toBe(200);
   });
 
   test('a direct /v1/responses call is a restart, and one without a rollout path is refused', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const tool = h.resources.holdNext();
     const body = { input: 'weather?' };
     const running = post(`${h.url}/ng-rollout/d1/v1/responses`, body);
     await tool.arrived;
-    const report = participant().readiness();
+    const report = participant(h).readiness();
     expect(report.restarts).toEqual(['d1']);
     expect(report.ready).toBe(true);
     tool.gate.open();
@@ -336,16 +329,16 @@ describe('restarts', () => {
 
 describe('readiness', () => {
   test('ready() does not build the readiness report, and nothing notifies outside a checkpoint', async () => {
-    h = await startStack();
+    await using h = await startStack();
     let notified = 0;
-    participant().onChange(() => {
+    participant(h).onChange(() => {
       notified += 1;
     });
-    const readiness = jest.spyOn(participant(), 'readiness');
+    const readiness = jest.spyOn(participant(h), 'readiness');
     const s = await seed(h, 'sess-1', 'r1');
     await activate(h, s, 'r1', 1);
     await closeSession(h, s);
-    expect(participant().ready()).toBe(true);
+    expect(participant(h).ready()).toBe(true);
     expect(readiness).not.toHaveBeenCalled();
     expect(notified).toBe(0);
   });

@@ -7,13 +7,12 @@ import { join } from 'node:path';
 
 import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
+import { deadline, ep } from '@ckpt-gym/testing';
 
 import {
   activate,
   CHECKPOINT,
   control,
-  deadline,
-  ep,
   type Harness,
   post,
   seed,

@@ -1,3 +1,4 @@
+import { ep, Gate, until } from '@ckpt-gym/testing';
 import type { Express } from 'express';
 
 import type { Agent, AgentDefinition } from '../src/agent.js';
@@ -6,7 +7,6 @@ import { simpleAgent, type SimpleSessionState } from '../src/simple-agent.js';
 import {
   activate,
   commit,
-  ep,
   errorCode,
   type Harness,
   post,
@@ -16,14 +16,7 @@ import {
   retire,
   seed,
   startStack,
-  until,
 } from './support/harness.js';
-import { Gate } from './support/stubs.js';
-
-let h: Harness;
-afterEach(async () => {
-  await h.close();
-});
 
 /** Simple Agent's loop without its session hooks, with a route of its own and a gated seed. */
 function hooklessAgent(gates: { seed?: Gate } = {}) {
@@ -54,19 +47,19 @@ function hooklessAgent(gates: { seed?: Gate } = {}) {
   return { definition, calls };
 }
 
-function participant(): RestartOnlyParticipant {
+function participant(h: Harness): RestartOnlyParticipant {
   return h.agent.participant as RestartOnlyParticipant;
 }
 
 describe('restart-only agents', () => {
   test('an agent without hooks gets a restart-only participant, installed once on its app', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
-    expect(participant()).toBeInstanceOf(RestartOnlyParticipant);
-    expect(installRestartOnly(h.agent.app, participant())).toBe(false);
+    await using h = await startStack({ definition: hooklessAgent().definition });
+    expect(participant(h)).toBeInstanceOf(RestartOnlyParticipant);
+    expect(installRestartOnly(h.agent.app, participant(h))).toBe(false);
   });
 
   test('its runs are reported as restarts and never block, and its seed replies carry x-ng-checkpoint-restart', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
+    await using h = await startStack({ definition: hooklessAgent().definition });
     const s = await seed(h, 'sess-1', 'r1');
     expect(s.reply.headers.get('x-ng-checkpoint-restart')).toBe('1');
     const tool = h.resources.holdNext();
@@ -82,7 +75,7 @@ describe('restart-only agents', () => {
   });
 
   test('an agent that builds its own routes still reports its runs as restarts, and refuses calls without a rollout id', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
+    await using h = await startStack({ definition: hooklessAgent().definition });
     expect((await post(`${h.url}/ng-rollout/r7/harness/v1/responses`, {})).body).toEqual({
       ok: true,
     });
@@ -91,14 +84,14 @@ describe('restart-only agents', () => {
   });
 
   test('a restart-only seed that arrives after its rollout was retired is refused', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
+    await using h = await startStack({ definition: hooklessAgent().definition });
     await retire(h, [ep('r1')]);
     expect(errorCode((await seed(h, 'sess-1', 'r1')).reply)).toBe('stale_attempt');
   });
 
   test('a restart-only seed checks the retired mark after it waits for resume', async () => {
     const { definition, calls } = hooklessAgent();
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     await prepare(h, 'c1');
     await commit(h, 'c1', null);
     await resume(h, 'c1');
@@ -106,7 +99,7 @@ describe('restart-only agents', () => {
     expect((await restore(h, 'r-c1', [], 'c1')).status).toBe(200);
     const seeding = seed(h, 'sess-1', 'r1');
     await until(
-      () => participant().readiness().counts.waiting_for_resume === 1,
+      () => participant(h).readiness().counts.waiting_for_resume === 1,
       'the seed to wait',
     );
     expect((await retire(h, [ep('r1')], 30, 'r-c1')).status).toBe(200);
@@ -118,27 +111,27 @@ describe('restart-only agents', () => {
   });
 
   test('a restart-only retire stops its runs before it replies', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
+    await using h = await startStack({ definition: hooklessAgent().definition });
     const s = await seed(h, 'sess-1', 'r1');
     const held = h.model.holdNext();
     const running = activate(h, s, 'r1');
     await held.arrived;
     expect((await retire(h, [ep('r1')])).status).toBe(200);
-    expect(participant().readiness().counts.inflight).toBe(0);
+    expect(participant(h).readiness().counts.inflight).toBe(0);
     expect(errorCode(await running)).toBe('stale_attempt');
     held.gate.open();
   });
 
   test('a restart-only agent’s /run has stopped when its retire replies', async () => {
-    h = await startStack({ definition: hooklessAgent().definition });
+    await using h = await startStack({ definition: hooklessAgent().definition });
     const held = h.model.holdNext();
     const running = post(`${h.url}/ng-rollout/r1/run`, {
       responses_create_params: { input: 'weather?' },
     });
     await held.arrived;
-    expect(participant().readiness().restarts).toEqual(['r1']);
+    expect(participant(h).readiness().restarts).toEqual(['r1']);
     expect((await retire(h, [ep('r1')])).status).toBe(200);
-    expect(participant().readiness().counts.inflight).toBe(0);
+    expect(participant(h).readiness().counts.inflight).toBe(0);
     expect(errorCode(await running)).toBe('stale_attempt');
     held.gate.open();
   });
@@ -146,7 +139,7 @@ describe('restart-only agents', () => {
   test('a restart-only retire frees its rollout’s sessions through the close hook and waits for a seed in progress', async () => {
     const gates = { seed: new Gate() };
     const { definition, calls } = hooklessAgent(gates);
-    h = await startStack({ definition });
+    await using h = await startStack({ definition });
     gates.seed.open();
     await seed(h, 'sess-1', 'r1');
     await seed(h, 'sess-other', 'r2');
@@ -157,7 +150,7 @@ describe('restart-only agents', () => {
     await until(() => h.agent.sessions.building.has('sess-2'), 'the seed');
     let retired = false;
     const retiring = retire(h, [ep('r1')]).then(() => (retired = true));
-    await until(() => participant().marks.isRetired(ep('r1')), 'the mark');
+    await until(() => participant(h).marks.isRetired(ep('r1')), 'the mark');
     expect(retired).toBe(false);
     slow.open();
     await retiring;

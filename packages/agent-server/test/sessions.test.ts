@@ -4,21 +4,15 @@ import {
   activate,
   closeSession,
   errorCode,
-  type Harness,
   post,
   seed,
   startStack,
   weatherAccess,
 } from './support/harness.js';
 
-let h: Harness;
-afterEach(async () => {
-  await h.close();
-});
-
 describe('agent sessions', () => {
   test('a seeded session runs the turn loop: model call, tool call under the prefix, final answer', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     expect(s.reply.status).toBe(200);
     expect(s.reply.body).toEqual({ agent_session_id: 'sess-1' });
@@ -40,7 +34,7 @@ describe('agent sessions', () => {
   });
 
   test('a seed is idempotent per id, and a different seed with the same id is refused', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const first = await seed(h, 'sess-1', 'r1');
     const again = await seed(h, 'sess-1', 'r1');
     expect(again.reply.status).toBe(200);
@@ -51,7 +45,7 @@ describe('agent sessions', () => {
   });
 
   test('a cookie with a bad signature is refused', async () => {
-    h = await startStack();
+    await using h = await startStack();
     await seed(h, 'sess-1', 'r1');
     const reply = await activate(
       h,
@@ -63,7 +57,7 @@ describe('agent sessions', () => {
   });
 
   test('close returns the observations and the cookie jar, and a retried close gets the same receipt', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     await activate(h, s, 'r1');
     const closed = await closeSession(h, s, { rollout_id: 'r1', attempt: 0 });
@@ -81,7 +75,7 @@ describe('agent sessions', () => {
   });
 
   test('closing an unknown id writes a receipt that blocks a racing seed', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const closed = await closeSession(h, { id: 'late', cookie: '' });
     expect(closed.body).toEqual({
       agent_session_id: 'late',
@@ -92,14 +86,14 @@ describe('agent sessions', () => {
   });
 
   test('a session without a direct tool grant keeps no resources cookie jar', async () => {
-    h = await startStack({ checkpoint: false });
+    await using h = await startStack({ checkpoint: false });
     const s = await seed(h, 'sess-1', 'r1', { tools: [] });
     const closed = await closeSession(h, s);
     expect(closed.body.resources_cookies).toBeNull();
   });
 
   test('each activation gets its own invocation id: root, then activation-2', async () => {
-    h = await startStack({ checkpoint: false });
+    await using h = await startStack({ checkpoint: false });
     const s = await seed(h, 'sess-1', 'r1');
     await activate(h, s, null);
     await activate(h, s, null);
@@ -111,7 +105,7 @@ describe('agent sessions', () => {
   });
 
   test('with checkpointing off, an activation without the rollout prefix is accepted', async () => {
-    h = await startStack({ checkpoint: false });
+    await using h = await startStack({ checkpoint: false });
     const s = await seed(h, 'sess-1', 'r1');
     const reply = await activate(h, s, null);
     expect(reply.status).toBe(200);
@@ -119,7 +113,7 @@ describe('agent sessions', () => {
   });
 
   test('an unknown session is refused', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     await closeSession(h, s);
     const reply = await activate(h, s, 'r1');
@@ -128,7 +122,7 @@ describe('agent sessions', () => {
   });
 
   test('a seed body with unknown fields is 422 invalid_request', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const reply = await post(`${h.url}/v1/agent_sessions`, {
       agent_session_id: 'x',
       episode_id: { rollout_id: 'r1', attempt: 0 },
@@ -145,7 +139,7 @@ describe('agent sessions', () => {
     ['too long for its cookie', 'x'.repeat(MAX_AGENT_SESSION_ID_CHARS + 1)],
     ['empty', ''],
   ])('an agent_session_id that is %s is 422 before any session exists', async (_what, id) => {
-    h = await startStack();
+    await using h = await startStack();
     const reply = await post(`${h.url}/ng-rollout/r1/v1/agent_sessions`, {
       agent_session_id: id,
       episode_id: { rollout_id: 'r1', attempt: 0 },
@@ -166,7 +160,7 @@ describe('agent sessions', () => {
     ['a header value with a newline', { headers: { 'x-a': 'a\nb' } }],
     ['a base_url that is no URL', { base_url: 'http://a b' }],
   ])('a tool grant with %s is 422 at the seed', async (_what, change) => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1', {
       tools: [{ ...weatherAccess(h.resources.url, 'r1'), ...change }],
     });
@@ -175,7 +169,7 @@ describe('agent sessions', () => {
   });
 
   test('an activation whose model calls a tool the session has no grant for is 422', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1', { tools: [] });
     const reply = await activate(h, s, 'r1');
     expect([reply.status, errorCode(reply)]).toEqual([422, 'invalid_request']);

@@ -1,6 +1,7 @@
 import express from 'express';
 
 import { createHttpClients, createLogger, type JsonObject, listen } from '@ckpt-gym/core';
+import { responseWith, startStubModel, startStubToolResources } from '@ckpt-gym/testing';
 
 import type { ActivationHandle } from '../src/participant.js';
 
@@ -16,14 +17,7 @@ import {
   toolBaseUrl,
 } from '../src/simple-agent.js';
 import { simpleAgentConfig } from '../src/config.js';
-import { activate, errorCode, type Harness, post, seed, startStack } from './support/harness.js';
-import { startStubModel, startStubResources } from './support/stubs.js';
-import { response } from './support/stubs.js';
-
-let h: Harness;
-afterEach(async () => {
-  await h?.close();
-});
+import { activate, errorCode, post, seed, startStack } from './support/harness.js';
 
 /** One `/v1/responses` call to a Simple Agent (no checkpointing) whose model server is `modelUrl`. */
 async function askAgent(modelUrl: string): Promise<{ status: number; body: JsonObject }> {
@@ -49,7 +43,7 @@ async function askAgent(modelUrl: string): Promise<{ status: number; body: JsonO
 
 describe('Simple Agent turn loop', () => {
   test('max_steps stops the loop after that many model calls, as incomplete', async () => {
-    h = await startStack({ config: { max_steps: 1 } });
+    await using h = await startStack({ config: { max_steps: 1 } });
     const s = await seed(h, 'sess-1', 'r1');
     const reply = await activate(h, s, 'r1', 1);
     expect(reply.body.status).toBe('incomplete');
@@ -58,7 +52,7 @@ describe('Simple Agent turn loop', () => {
   });
 
   test('each turn resends the whole conversation', async () => {
-    h = await startStack();
+    await using h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');
     await activate(h, s, 'r1', 1);
     const second = h.model.calls[1]!.body.input as { type: string }[];
@@ -72,7 +66,7 @@ describe('Simple Agent turn loop', () => {
     model.post(/.*/, (_req, res) => {
       calls += 1;
       res.json(
-        response(
+        responseWith(
           calls === 1
             ? [
                 {
@@ -105,7 +99,7 @@ describe('Simple Agent turn loop', () => {
 
 describe('Simple Agent upstream failures', () => {
   test('an input item that is no object is 422 invalid_request before the model is called', async () => {
-    h = await startStack({ checkpoint: false });
+    await using h = await startStack({ checkpoint: false });
     for (const input of [[null], ['hi'], [[]], 5]) {
       const reply = await post(`${h.url}/v1/responses`, { input });
       expect([input, reply.status, errorCode(reply)]).toEqual([input, 422, 'invalid_request']);
@@ -210,7 +204,7 @@ describe('Simple Agent boundaries', () => {
 
   async function loop(continuation: JsonObject | null = null) {
     const model = await startStubModel();
-    const resources = await startStubResources();
+    const resources = await startStubToolResources();
     const clients = createHttpClients();
     const { handle, boundaries } = recordingHandle(continuation);
     try {

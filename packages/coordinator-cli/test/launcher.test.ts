@@ -7,6 +7,8 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { until } from '@ckpt-gym/testing';
+
 import {
   attachStack,
   demoStackText,
@@ -18,7 +20,7 @@ import {
   weatherTask,
 } from '../src/index.js';
 import { ensureBuilt } from './support/build.js';
-import { cli, isAlive, until } from './support/cli.js';
+import { cli, isAlive } from './support/cli.js';
 
 interface ServerRow {
   name: string;
@@ -93,12 +95,16 @@ test('up, status, checkpoint, crash, up again, restore, down on a real stack', a
   // One rollout held at its second model call, then checkpointed with stop.
   await post(`${url('inference')}/_ctl/hold`, { after_calls_per_rollout: 1 });
   const first = post(`${url('env')}/run`, runBody(0)).catch(() => undefined);
-  await until('the second model call to be held', async () => {
-    const { calls } = (await (await fetch(`${url('inference')}/_ctl/calls`)).json()) as {
-      calls: { held: boolean; returned: boolean }[];
-    };
-    return calls.some((c) => c.held && !c.returned);
-  });
+  await until(
+    async () => {
+      const { calls } = (await (await fetch(`${url('inference')}/_ctl/calls`)).json()) as {
+        calls: { held: boolean; returned: boolean }[];
+      };
+      return calls.some((c) => c.held && !c.returned);
+    },
+    'the second model call to be held',
+    30_000,
+  );
   const cut = await cli(
     ['checkpoint', '--dir', 'ckpt', '--stop', '--config', resolved, '--json'],
     dir,

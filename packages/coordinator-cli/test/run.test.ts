@@ -8,6 +8,8 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { until } from '@ckpt-gym/testing';
+
 import {
   CLI_MAIN,
   demoStackText,
@@ -19,8 +21,6 @@ import {
 } from '../src/index.js';
 import { CollectionDir } from '../src/collection/files.js';
 import { ensureBuilt } from './support/build.js';
-import { until } from './support/cli.js';
-
 let dir = '';
 let stack: StackHandle | undefined;
 const children: ChildProcess[] = [];
@@ -101,9 +101,9 @@ test('SIGTERM checkpoints with stop and exits 75; --resume after a crash writes 
         calls: { held: boolean; returned: boolean; dropped: boolean }[];
       }
     ).calls.filter((c) => c.held && !c.returned && !c.dropped).length;
-  await until('four rollouts at their second model call', async () => (await held()) === 4);
+  await until(async () => (await held()) === 4, 'four rollouts at their second model call', 30_000);
   await backend('/_ctl/step', { calls: 1 });
-  await until('one result', () => results().length === 1);
+  await until(() => results().length === 1, 'one result', 30_000);
   first.child.kill('SIGTERM');
   expect(await first.exit).toBe(ExitCode.COLLECTION_STOPPED);
   expect(results()).toHaveLength(1);
@@ -131,15 +131,19 @@ test('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
   );
   await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
   const collection = runCli(['--config', join(dir, 'run', 'stack.yaml')]);
-  await until('two rollouts at their second model call', async () => {
-    const { calls } = (await backend('/_ctl/calls')) as {
-      calls: { held: boolean; returned: boolean }[];
-    };
-    return calls.filter((c) => c.held && !c.returned).length === 2;
-  });
+  await until(
+    async () => {
+      const { calls } = (await backend('/_ctl/calls')) as {
+        calls: { held: boolean; returned: boolean }[];
+      };
+      return calls.filter((c) => c.held && !c.returned).length === 2;
+    },
+    'two rollouts at their second model call',
+    30_000,
+  );
   collection.child.kill('SIGUSR1');
   const checkpoints = new CollectionDir(join(dir, 'results.jsonl.checkpoints'));
-  await until('a published checkpoint', () => checkpoints.latest() !== undefined);
+  await until(() => checkpoints.latest() !== undefined, 'a published checkpoint', 30_000);
   const continued = checkpoints.latest()!.manifest.continued;
   expect(continued.map((e) => [taskKey(e.rollout_id), e.attempt])).toEqual([
     ['r1', 0],
@@ -166,12 +170,16 @@ test('--resume without a checkpoint retires each rollout at its journaled attemp
   const config = ['--config', join(dir, 'run', 'stack.yaml')];
   await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
   const first = runCli(config);
-  await until('two rollouts at their second model call', async () => {
-    const { calls } = (await backend('/_ctl/calls')) as {
-      calls: { held: boolean; returned: boolean }[];
-    };
-    return calls.filter((c) => c.held && !c.returned).length === 2;
-  });
+  await until(
+    async () => {
+      const { calls } = (await backend('/_ctl/calls')) as {
+        calls: { held: boolean; returned: boolean }[];
+      };
+      return calls.filter((c) => c.held && !c.returned).length === 2;
+    },
+    'two rollouts at their second model call',
+    30_000,
+  );
   // The controller dies too: no checkpoint, only the attempt journal.
   first.child.kill('SIGKILL');
   await first.exit;

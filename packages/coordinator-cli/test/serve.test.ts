@@ -4,9 +4,11 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { until } from '@ckpt-gym/testing';
+
 import { attachStack, CLI_MAIN, ExitCode, RUN_FILE } from '../src/index.js';
 import { ensureBuilt } from './support/build.js';
-import { isAlive, until } from './support/cli.js';
+import { isAlive } from './support/cli.js';
 
 let dir = '';
 
@@ -89,7 +91,7 @@ test('up in the foreground starts every server and stops them all on SIGINT', as
   child.stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
   const exit = new Promise<number | null>((done) => child.once('exit', done));
   try {
-    await until('the stack to be up', () => err.includes('Ctrl-C stops the stack'));
+    await until(() => err.includes('Ctrl-C stops the stack'), 'the stack to be up', 30_000);
     const run = JSON.parse(readFileSync(join(dir, 'run', RUN_FILE), 'utf8')) as {
       servers: { pid: number }[];
     };

@@ -23,3 +23,4 @@ export * from './wire/index.js';
 export * from './route.js';
 export * from './server-kind.js';
 export { closest, didYouMean, editDistance } from './suggest.js';
+export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from './testing/index.js';

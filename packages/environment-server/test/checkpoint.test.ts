@@ -7,12 +7,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { CheckpointStateError, encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { AGENT_RESPONSE, type Behaviour, Gate, OBSERVATIONS, until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import { EnvironmentParticipant } from '../src/participant.js';
 import type { EnvironmentProtocol } from '../src/protocol.js';
-import { Harness, type HarnessOptions, runBody, until } from './support/harness.js';
-import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
+import { Harness, type HarnessOptions, runBody } from './support/harness.js';
 
 const R1 = { rollout_id: 'r1', attempt: 0 };
 const R1_A1 = { rollout_id: 'r1', attempt: 1 };
@@ -48,6 +48,15 @@ function failureOf(reply: { body: Record<string, unknown> }): Record<string, unk
   return reply.body.failure as Record<string, unknown>;
 }
 
+/** Starts r1 with its activation held on a gate (then behaving as `behaviour`), once it arrived. */
+async function heldActivation(x: Harness, behaviour: Behaviour = {}) {
+  const activation = new Gate();
+  x.agent.on('/v1/responses', { gate: activation, ...behaviour });
+  const run = x.run(runBody('r1'));
+  await x.agent.arrived('/v1/responses');
+  return { activation, run };
+}
+
 /** Starts r1 with its activation held, checkpoints it (parked at invoke_agent) as `id`. */
 async function checkpointDuringActivation(x: Harness, id = 'c1') {
   const activation = new Gate();
@@ -59,6 +68,16 @@ async function checkpointDuringActivation(x: Harness, id = 'c1') {
   const commit = await x.commit(id, [R1]);
   expect(commit.body.episode_ids).toEqual(['r1']);
   return { activation, run };
+}
+
+/** r1 checkpointed as c1 during its activation, the server crashed, and c1 restored in a fresh one. */
+async function restoredInFreshServer() {
+  const first = await server();
+  await checkpointDuringActivation(first);
+  await crash(first);
+  const second = await server();
+  await second.restore('c1', [R1]);
+  return { first, second };
 }
 
 describe('begin', () => {
@@ -197,10 +216,7 @@ describe('retire', () => {
 
   it('stops an episode parked after its replay step raised', async () => {
     const x = await server();
-    const activation = new Gate();
-    x.agent.on('/v1/responses', { gate: activation, status: 500 });
-    const run = x.run(runBody('r1'));
-    await x.agent.arrived('/v1/responses');
+    const { activation, run } = await heldActivation(x, { status: 500 });
     await x.prepare('c1');
     activation.open();
     await until(() => episodeState(x, 'r1') === 'parked', 'the failed step to park');
@@ -216,10 +232,7 @@ describe('retire', () => {
 describe('checkpoints', () => {
   it('status lists every live episode, so a controller can commit everything in flight', async () => {
     const x = await server();
-    const activation = new Gate();
-    x.agent.on('/v1/responses', { gate: activation });
-    const run = x.run(runBody('r1'));
-    await x.agent.arrived('/v1/responses');
+    const { activation, run } = await heldActivation(x);
     expect(await x.status()).toMatchObject({ episodes: ['r1'], restored_pending: [] });
     activation.open();
     expect((await run).body.result).toMatchObject({ reward: 1 });
@@ -228,10 +241,7 @@ describe('checkpoints', () => {
 
   it('an agent that returns during a checkpoint parks at close_agent and stays ready', async () => {
     const x = await server();
-    const activation = new Gate();
-    x.agent.on('/v1/responses', { gate: activation });
-    const run = x.run(runBody('r1'));
-    await x.agent.arrived('/v1/responses');
+    const { activation, run } = await heldActivation(x);
     expect((await x.prepare('c1')).body.phase).toBe('prepared');
     activation.open();
     await until(() => episodeState(x, 'r1') === 'parked', 'the episode to park');
@@ -333,10 +343,7 @@ describe('checkpoints', () => {
 
   it('an agent failure during a checkpoint closes the agent session only after resume', async () => {
     const x = await server();
-    const activation = new Gate();
-    x.agent.on('/v1/responses', { gate: activation, status: 503 });
-    const run = x.run(runBody('r1'));
-    await x.agent.arrived('/v1/responses');
+    const { activation, run } = await heldActivation(x, { status: 503 });
     await x.prepare('c1');
     activation.open();
     await until(() => episodeState(x, 'r1') === 'parked', 'the failed step to park');
@@ -348,11 +355,7 @@ describe('checkpoints', () => {
   });
 
   it('replacements are refused until the controller resumes, then continue from the boundary', async () => {
-    const first = await server();
-    await checkpointDuringActivation(first);
-    await crash(first);
-    const second = await server();
-    await second.restore('c1', [R1]);
+    const { second } = await restoredInFreshServer();
     expect((await second.status()).restored_pending).toEqual(['r1-a1']);
     const early = await second.run(runBody('r1', 1));
     expect((early.body.error as Record<string, unknown>).code).toBe('admission_closed');
@@ -365,11 +368,7 @@ describe('checkpoints', () => {
   });
 
   it('refuses a replacement for another task with checkpoint_error', async () => {
-    const first = await server();
-    await checkpointDuringActivation(first);
-    await crash(first);
-    const second = await server();
-    await second.restore('c1', [R1]);
+    const { second } = await restoredInFreshServer();
     await second.resume('c1');
     const other = await second.run(runBody('r1', 1, { expected_city: 'Rome' }));
     expect(other.body.error).toEqual({
@@ -380,21 +379,13 @@ describe('checkpoints', () => {
   });
 
   it('checks admission before the task digest', async () => {
-    const first = await server();
-    await checkpointDuringActivation(first);
-    await crash(first);
-    const second = await server();
-    await second.restore('c1', [R1]);
+    const { second } = await restoredInFreshServer();
     const other = await second.run(runBody('r1', 1, { expected_city: 'Rome' }));
     expect((other.body.error as Record<string, unknown>).code).toBe('admission_closed');
   });
 
   it('re-exports an unclaimed restored episode under its replacement attempt, and a second crash continues it', async () => {
-    const first = await server();
-    await checkpointDuringActivation(first);
-    await crash(first);
-    const second = await server();
-    await second.restore('c1', [R1]);
+    const { first, second } = await restoredInFreshServer();
     await second.resume('c1');
     await second.prepare('c2');
     expect((await second.commit('c2', [R1_A1])).body.episode_ids).toEqual(['r1-a1']);
@@ -410,11 +401,7 @@ describe('checkpoints', () => {
   });
 
   it('a commit whose scope leaves out a restored episode retires it', async () => {
-    const first = await server();
-    await checkpointDuringActivation(first);
-    await crash(first);
-    const second = await server();
-    await second.restore('c1', [R1]);
+    const { second } = await restoredInFreshServer();
     await second.resume('c1');
     await second.prepare('c2');
     const commit = await second.commit('c2', [{ rollout_id: 'other', attempt: 0 }]);

@@ -29,11 +29,11 @@ import {
 import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
 import { createPolicyModelServer } from '@ckpt-gym/policy-model-server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
+import { until } from '@ckpt-gym/testing';
 import got from 'got';
 
 import { createEnvironmentServer, type EnvironmentServer } from '../src/app.js';
 import { SingleAgentTurn } from '../src/single-agent-turn.js';
-import { until } from './support/harness.js';
 
 const TOKEN = 'integration-token';
 const CHECKPOINT = { enabled: true, controlAuthToken: TOKEN, leaseGraceSeconds: 600 } as const;

@@ -1,8 +1,8 @@
 import { InvalidRolloutIdError, RolloutIdRequiredError } from '@ckpt-gym/core';
+import { AGENT_RESPONSE, Gate, OBSERVATIONS } from '@ckpt-gym/testing';
 
 import { episodeRequestFromRow } from '../src/legacy.js';
 import { Harness } from './support/harness.js';
-import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
 
 const ROW = {
   responses_create_params: { input: 'weather in Paris?' },
@@ -70,14 +70,8 @@ describe('flat rows', () => {
 });
 
 describe('single_agent_turn_legacy', () => {
-  let h: Harness | undefined;
-  afterEach(async () => {
-    await h?.close();
-    h = undefined;
-  });
-
   it('runs an explicit "restored-a1" row as attempt 1 under the prefix restored-a1 and replies a flat row', async () => {
-    h = await new Harness({ legacy: true }).start();
+    await using h = await new Harness({ legacy: true }).start();
     const reply = await h.run({ ...ROW, _ng_rollout_id: 'restored-a1' });
     expect(reply.status).toBe(200);
     expect(reply.body).toEqual({
@@ -93,7 +87,7 @@ describe('single_agent_turn_legacy', () => {
   });
 
   it('checkpoints its rows like native episodes', async () => {
-    h = await new Harness({ legacy: true }).start();
+    await using h = await new Harness({ legacy: true }).start();
     const activation = new Gate();
     h.agent.on('/v1/responses', { gate: activation });
     const run = h.run(ROW);
@@ -108,7 +102,7 @@ describe('single_agent_turn_legacy', () => {
   });
 
   it('keeps the native reply for a failed episode', async () => {
-    h = await new Harness({ legacy: true }).start();
+    await using h = await new Harness({ legacy: true }).start();
     h.resources.on('/seed_session', { status: 400 });
     const reply = await h.run(ROW);
     expect(reply.body).toMatchObject({

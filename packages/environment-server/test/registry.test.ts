@@ -3,13 +3,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { ConfigError, parseStackFile, startServerMain } from '@ckpt-gym/core';
+import { stubAgent, stubResources, type StubServer } from '@ckpt-gym/testing';
 import got from 'got';
 
 import { environmentConfig } from '../src/config.js';
 import { environmentKind } from '../src/kind.js';
 import { environmentServerFromStack } from '../src/registry.js';
 import { runBody } from './support/harness.js';
-import { stubAgent, stubResources, type StubServer } from './support/stubs.js';
 
 function stack(
   envEntry: string,

@@ -1,20 +1,20 @@
 import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
-import { Harness, runBody, until } from './support/harness.js';
-import { closeConnections, send } from '@ckpt-gym/testing';
-import { AGENT_RESPONSE, Gate, OBSERVATIONS } from './support/stubs.js';
+import { Harness, runBody } from './support/harness.js';
+import {
+  closeConnections,
+  send,
+  AGENT_RESPONSE,
+  Gate,
+  OBSERVATIONS,
+  until,
+} from '@ckpt-gym/testing';
 
-let h: Harness | undefined;
-afterEach(async () => {
-  await h?.close();
-  h = undefined;
-});
 afterAll(closeConnections);
 
-async function start(options: ConstructorParameters<typeof Harness>[0] = {}): Promise<Harness> {
-  h = await new Harness(options).start();
-  return h;
+function start(options: ConstructorParameters<typeof Harness>[0] = {}): Promise<Harness> {
+  return new Harness(options).start();
 }
 
 const FULL_SEQUENCE = [
@@ -33,7 +33,7 @@ function allPaths(x: Harness): string[] {
 
 describe.each([true, false])('single_agent_turn (checkpointing %s)', (checkpoint) => {
   it('runs seed, activation, close, verify and replies with the verdict and observations', async () => {
-    const x = await start({ checkpoint });
+    await using x = await start({ checkpoint });
     const reply = await x.run(runBody('r1'));
     expect(reply.status).toBe(200);
     expect(reply.body).toEqual({
@@ -46,7 +46,7 @@ describe.each([true, false])('single_agent_turn (checkpointing %s)', (checkpoint
   });
 
   it('makes every downstream call under the episode prefix, cleanup included', async () => {
-    const x = await start({ checkpoint });
+    await using x = await start({ checkpoint });
     await x.run(runBody('r1', 2));
     const keys = [...x.resources.calls, ...x.agent.calls].map((c) => c.key);
     expect(keys).toHaveLength(6);
@@ -56,7 +56,7 @@ describe.each([true, false])('single_agent_turn (checkpointing %s)', (checkpoint
 
 describe('single_agent_turn downstream calls', () => {
   it('sends the activation index, the session cookies and the flat verify body', async () => {
-    const x = await start();
+    await using x = await start();
     await x.run(runBody('r1'));
     const activation = x.agent.calls.find((c) => c.path === '/v1/responses')!;
     expect(activation.headers['x-ng-agent-activation']).toBe('1');
@@ -84,7 +84,7 @@ describe('single_agent_turn downstream calls', () => {
   });
 
   it('sends x-ng-checkpoint-close-follows only on a replayable verify', async () => {
-    const x = await start();
+    await using x = await start();
     x.resources.on('/seed_session', { headers: { 'x-ng-checkpoint-verify': 'replay' } });
     await x.run(runBody('replayable'));
     x.resources.on('/seed_session', {});
@@ -97,7 +97,7 @@ describe('single_agent_turn downstream calls', () => {
   });
 
   it('grants direct HTTP tool access naming the seeding attempt only with checkpointing on', async () => {
-    const on = await start();
+    await using on = await start();
     await on.run(runBody('r1', 1));
     const grantOn = on.agent.calls[0]!.body.tool_accesses as Record<string, unknown>[];
     expect(grantOn[0]).toMatchObject({
@@ -106,8 +106,7 @@ describe('single_agent_turn downstream calls', () => {
       required: true,
       base_url: `${on.resources.url}/ng-rollout/r1-a1`,
     });
-    await on.close();
-    const off = await start({ checkpoint: false });
+    await using off = await start({ checkpoint: false });
     await off.run(runBody('r1', 1));
     const grantOff = off.agent.calls[0]!.body.tool_accesses as Record<string, unknown>[];
     expect(grantOff[0]!.base_url).toBe(off.resources.url);
@@ -116,7 +115,7 @@ describe('single_agent_turn downstream calls', () => {
 
 describe('/aggregate_metrics', () => {
   it('is forwarded unchanged to the resources server', async () => {
-    const x = await start();
+    await using x = await start();
     const body = { verify_responses: [{ reward: 1 }, { reward: 0 }] };
     const reply = await x.post('/aggregate_metrics', body);
     expect(reply.body).toEqual({ count: 2 });
@@ -131,7 +130,7 @@ describe('/aggregate_metrics', () => {
     ['a number', '5'],
     ['a bad verify_responses', '{"verify_responses": [1]}'],
   ])('refuses %s with 422 before forwarding anything', async (_what, text) => {
-    const x = await start();
+    await using x = await start();
     const reply = await send(`${x.url}/aggregate_metrics`, {
       what: text,
       body: Buffer.from(text),
@@ -145,7 +144,7 @@ describe('/aggregate_metrics', () => {
   });
 
   it('refuses a body without a JSON content type with 422', async () => {
-    const x = await start();
+    await using x = await start();
     const text = JSON.stringify({ verify_responses: [] });
     const reply = await send(`${x.url}/aggregate_metrics`, {
       what: 'no content type',
@@ -157,7 +156,7 @@ describe('/aggregate_metrics', () => {
   });
 
   it("passes on the resources server's refusal, and answers its failure with 502", async () => {
-    const x = await start();
+    await using x = await start();
     const body = { verify_responses: [{ reward: 1 }] };
     x.resources.on('/aggregate_metrics', { status: 422, code: 'invalid_request' });
     expect(await x.post('/aggregate_metrics', body)).toEqual({
@@ -179,7 +178,7 @@ describe('/aggregate_metrics', () => {
 
 describe('single_agent_turn failures', () => {
   it('fails a seed answered 503 as retryable and one answered 400 as terminal, and closes the session', async () => {
-    const x = await start();
+    await using x = await start();
     x.resources.on('/seed_session', { status: 503 });
     const retryable = await x.run(runBody('a'));
     expect(retryable.body.failure).toMatchObject({ stage: 'seed', terminal: false });
@@ -191,7 +190,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('fails a seed that sets no session cookie', async () => {
-    const x = await start();
+    await using x = await start();
     x.resources.on('/seed_session', { plain: { resources_session_id: 'ignored' } });
     const reply = await x.run(runBody('a'));
     expect(reply.body.failure).toMatchObject({ stage: 'seed', terminal: true });
@@ -201,7 +200,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('closes the agent session at once after a failed activation and keeps its observations', async () => {
-    const x = await start({ checkpoint: false });
+    await using x = await start({ checkpoint: false });
     x.agent.on('/v1/responses', { status: 500 });
     const reply = await x.run(runBody('r1'));
     expect(reply.body.failure).toEqual({
@@ -220,7 +219,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('skips verification when the agent close fails, with the response as partial_response', async () => {
-    const x = await start();
+    await using x = await start();
     x.agent.on('/v1/agent_sessions/close', { status: 400 });
     const reply = await x.run(runBody('r1'));
     expect(reply.body.failure).toMatchObject({
@@ -233,7 +232,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('fails verification with stage verification and the partial response', async () => {
-    const x = await start();
+    await using x = await start();
     x.resources.on('/verify', { status: 502 });
     const reply = await x.run(runBody('r1'));
     expect(reply.body.failure).toMatchObject({
@@ -244,7 +243,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('keeps the verdict when the resources close fails after verify, trying the close twice', async () => {
-    const x = await start();
+    await using x = await start();
     x.resources.on('/close_session', { status: 500 });
     const reply = await x.run(runBody('r1'));
     expect(reply.body.result).toMatchObject({ reward: 1 });
@@ -252,7 +251,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('fails an episode past its deadline as retryable and still closes its sessions', async () => {
-    const x = await start({ episodeDeadlineSeconds: 0.2 });
+    await using x = await start({ episodeDeadlineSeconds: 0.2 });
     x.agent.on('/v1/responses', { gate: new Gate() });
     const reply = await x.run(runBody('slow'));
     expect(reply.body.failure).toEqual({ failure_reason: 'Episode timed out', terminal: false });
@@ -262,7 +261,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('fails an episode that waits past queue_timeout_seconds for an episode slot', async () => {
-    const x = await start({ queue: { maxConcurrentEpisodes: 1, queueTimeoutSeconds: 0.05 } });
+    await using x = await start({ queue: { maxConcurrentEpisodes: 1, queueTimeoutSeconds: 0.05 } });
     const gate = new Gate();
     x.agent.on('/v1/responses', { gate });
     const first = x.run(runBody('first'));
@@ -284,13 +283,11 @@ describe('single_agent_turn failures', () => {
       retry: { limit: 2, methods: ['POST'], errorCodes: ['ECONNRESET'], backoffLimit: 1 },
     });
     for (const checkpoint of [true, false]) {
-      const x = await start({ checkpoint, client: retrying });
+      await using x = await start({ checkpoint, client: retrying });
       x.agent.on('/v1/responses', { destroy: true });
       const reply = await x.run(runBody('r1'));
       expect(reply.body.failure).toMatchObject({ stage: 'agent', terminal: false });
       expect(x.agent.count('/v1/responses')).toBe(checkpoint ? 1 : 3);
-      await x.close();
-      h = undefined;
     }
   });
 });
@@ -317,7 +314,7 @@ describe('boundaries with checkpointing off', () => {
 
   it('are never built with checkpointing off', async () => {
     const built = { count: 0 };
-    const x = await start({ checkpoint: false, protocol: countingProtocol(built) });
+    await using x = await start({ checkpoint: false, protocol: countingProtocol(built) });
     const reply = await x.run(runBody('r1'));
     expect(reply.body.result).toEqual({ reward: 1 });
     expect(built.count).toBe(0);
@@ -337,7 +334,7 @@ describe('boundaries with checkpointing off', () => {
         return { reward: 1 };
       },
     };
-    const x = await start({ checkpoint: true, protocol });
+    await using x = await start({ checkpoint: true, protocol });
     const run = x.run(runBody('r1'));
     // Built (and encoded) in an idle turn once the replay step starts, ahead of any checkpoint.
     await until(() => built.count === 1, 'the boundary to be built ahead');

@@ -2,6 +2,7 @@ import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 
 import { LAUNCH_ID_ENV } from '@ckpt-gym/core';
+import { until } from '@ckpt-gym/testing';
 
 import { DEFAULT_SERVER_NAME, type RunningFakeInference, startFakeInference } from '../src/app.js';
 import type { CallView } from '../src/calls.js';
@@ -69,14 +70,11 @@ async function calls(): Promise<CallView[]> {
   return ((await getJson('/_ctl/calls')) as { calls: CallView[] }).calls;
 }
 
-/** Polls until `check` passes; the fake answers between polls. */
+/** The first value `read` gives that passes `check`; the fake answers between polls. */
 async function eventually<T>(read: () => Promise<T>, check: (value: T) => boolean): Promise<T> {
-  for (let i = 0; i < 500; i++) {
-    const value = await read();
-    if (check(value)) return value;
-    await new Promise((resolve) => setTimeout(resolve, 10));
-  }
-  throw new Error('condition never held');
+  let value!: T;
+  await until(async () => check((value = await read())), 'the fake backend to get there');
+  return value;
 }
 
 const callCount = async () => ((await getJson('/_ctl/call_count')) as { count: number }).count;

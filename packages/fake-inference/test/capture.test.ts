@@ -1,4 +1,5 @@
 import { buildInventory, parseCommitCoords, rootCaptureAdmission } from '@ckpt-gym/core';
+import { until } from '@ckpt-gym/testing';
 
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';
 import type { CallView } from '../src/calls.js';
@@ -40,13 +41,6 @@ async function calls(): Promise<CallView[]> {
   return ((await res.json()) as { calls: CallView[] }).calls;
 }
 
-async function until(check: () => Promise<boolean>): Promise<void> {
-  for (let i = 0; !(await check()); i++) {
-    if (i > 2000) throw new Error('gave up waiting');
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
 function cut(id: string, checkpoint = 'ck') {
   return post(
     '/ng-control/v1/generation-cut',
@@ -76,7 +70,7 @@ describe('worker staging in the fake backend', () => {
   test('the cut route cuts a call still in flight at the tokens generated so far', async () => {
     await post('/_ctl/hold', { after_calls: 0, after_tokens: 2 });
     const held = chat(admission('c1'));
-    await until(async () => fake.state.active.has('c1'));
+    await until(() => fake.state.active.has('c1'), 'call c1 to be active');
     const receipt = await cut('c1');
     expect(receipt.status).toBe(200);
     expect(receipt.body.prefixes).toEqual([
@@ -94,7 +88,7 @@ describe('worker staging in the fake backend', () => {
   test('a held call that generated nothing yet is not cut (regenerating it costs nothing)', async () => {
     await post('/_ctl/hold', { after_calls: 0 });
     const held = chat(admission('c1'));
-    await until(async () => fake.state.active.has('c1'));
+    await until(() => fake.state.active.has('c1'), 'call c1 to be active');
     const receipt = await cut('c1');
     expect(receipt.body.prefixes).toEqual([
       expect.objectContaining({ disposition: 'durable_failure' }),
@@ -107,7 +101,7 @@ describe('worker staging in the fake backend', () => {
   test('a replacement call continues a cut and records continued_from and reused_prefix_tokens', async () => {
     await post('/_ctl/hold', { after_calls: 0, after_tokens: 2 });
     const held = chat(admission('c1'));
-    await until(async () => fake.state.active.has('c1'));
+    await until(() => fake.state.active.has('c1'), 'call c1 to be active');
     const ack = ((await cut('c1')).body.prefixes as Record<string, unknown>[])[0]!;
     await post('/_ctl/release', {});
     await held;

@@ -13,6 +13,7 @@ import {
   conversationDigest,
   createHttpClients,
 } from '@ckpt-gym/core';
+import { deadline, episodes, until } from '@ckpt-gym/testing';
 
 import { type CutRecord, GenerationCuts } from '../src/cuts.js';
 import { cutRestartReason, resolveParent } from '../src/lineage.js';
@@ -23,8 +24,6 @@ import {
   chat,
   cleanup,
   control,
-  deadline,
-  episodes,
   fakeCalls,
   fakeCtl,
   type Harness,
@@ -33,7 +32,6 @@ import {
   startHarness,
   tempDir,
   TOKEN,
-  until,
 } from './support.js';
 
 afterEach(cleanup);

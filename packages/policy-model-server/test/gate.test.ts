@@ -1,3 +1,4 @@
+import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
@@ -9,14 +10,11 @@ import {
   chat,
   cleanup,
   control,
-  deadline,
-  episodes,
   fakeCalls,
   fakeCtl,
   rawCall,
   startFake,
   startHarness,
-  until,
 } from './support.js';
 
 afterEach(cleanup);

@@ -11,6 +11,7 @@ import {
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
 } from '@ckpt-gym/core';
+import { deadline, until } from '@ckpt-gym/testing';
 import lockfile from 'proper-lockfile';
 
 import { CaptureLedger, lockStripe, TOKEN_SUFFIXES } from '../src/index.js';
@@ -18,7 +19,6 @@ import {
   chat,
   cleanup,
   control,
-  deadline,
   fakeCalls,
   fakeCtl,
   post,
@@ -27,7 +27,6 @@ import {
   startHarness,
   tempDir,
   TOKEN,
-  until,
 } from './support.js';
 
 afterEach(cleanup);

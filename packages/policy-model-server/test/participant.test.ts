@@ -3,6 +3,7 @@ import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { afterEach, describe, expect, it } from '@jest/globals';
 
 import {
@@ -16,15 +17,12 @@ import {
   chat,
   cleanup,
   control,
-  deadline,
-  episodes,
   fakeCalls,
   fakeCtl,
   type Harness,
   startFake,
   startHarness,
   tempDir,
-  until,
 } from './support.js';
 
 afterEach(cleanup);

@@ -8,20 +8,11 @@ import {
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
 } from '@ckpt-gym/core';
+import { deadline, episodes } from '@ckpt-gym/testing';
 import OpenAI from 'openai';
 
 import { CAPTURE_CONTROL_PREFIX } from '../src/index.js';
-import {
-  CHAT_BODY,
-  chat,
-  cleanup,
-  control,
-  deadline,
-  episodes,
-  fakeCalls,
-  startHarness,
-  TOKEN,
-} from './support.js';
+import { CHAT_BODY, chat, cleanup, control, fakeCalls, startHarness, TOKEN } from './support.js';
 
 afterEach(cleanup);
 

@@ -2,6 +2,7 @@
  * The official openai SDK obeys `x-should-retry` before its own status rule (which resends every
  * 409 and 5xx): a refusal whose catalogue rule is `never` is sent once, a retryable one is resent.
  */
+import { deadline, episodes } from '@ckpt-gym/testing';
 import { afterEach, describe, expect, it } from '@jest/globals';
 import OpenAI from 'openai';
 
@@ -11,8 +12,6 @@ import {
   closedPort,
   control,
   countRequests,
-  deadline,
-  episodes,
   fakeCalls,
   startHarness,
   TOKEN,

@@ -14,6 +14,7 @@ import {
   serverSettings,
 } from '@ckpt-gym/core';
 import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
+import { closeNow, controlClient, type ControlReply } from '@ckpt-gym/testing';
 
 import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js';
 
@@ -83,10 +84,7 @@ export async function startHarness(
     logger: opts.logger ?? silentLogger(),
   });
   const listening = await listen(server.app, 0);
-  const close = async () => {
-    listening.server.closeAllConnections();
-    await listening.close();
-  };
+  const close = () => closeNow(listening);
   cleanups.push(close);
   return { fake, server, listening, url: listening.url, captureDir, close };
 }
@@ -184,32 +182,10 @@ export function chat(
   return post(`${url}${prefix}/v1/chat/completions`, body);
 }
 
-/** A checkpoint control call. */
-export function control(url: string, route: string, body: object): Promise<Reply> {
-  return post(`${url}/ng-control/v1/checkpoint/${route}`, body, {
-    authorization: `Bearer ${TOKEN}`,
-  });
-}
-
-export const deadline = (seconds = 30): number => Date.now() / 1000 + seconds;
-
-export function episodes(...keys: string[]): { rollout_id: string; attempt: number }[] {
-  return keys.map((key) => {
-    const m = /^(.*)-a([1-9][0-9]*)$/.exec(key);
-    return m ? { rollout_id: m[1]!, attempt: Number(m[2]) } : { rollout_id: key, attempt: 0 };
-  });
-}
-
-/** Polls `check` until it holds (no timing assertion: the test's own timeout bounds it). */
-export async function until(
-  check: () => boolean | Promise<boolean>,
-  what = 'condition',
-): Promise<void> {
-  for (let i = 0; ; i++) {
-    if (await check()) return;
-    if (i > 2000) throw new Error(`gave up waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
+/** A checkpoint control call, whatever the reply's status. */
+export async function control(url: string, route: string, body: object): Promise<ControlReply> {
+  await using client = controlClient(url, TOKEN);
+  return client.post(route, body as Record<string, unknown>);
 }
 
 export async function fakeCalls(fake: RunningFakeInference): Promise<Record<string, unknown>[]> {

@@ -2,6 +2,7 @@
  * Two policy model servers as two processes (the package's bin over the compiled `dist/`), sharing one capture
  * directory and one fake backend. The package and its workspace dependencies are built first.
  */
+import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
@@ -14,15 +15,12 @@ import {
   chat,
   cleanup,
   control,
-  deadline,
-  episodes,
   fakeCalls,
   fakeCtl,
   type Harness,
   startFake,
   tempDir,
   TOKEN,
-  until,
 } from './support.js';
 
 jest.setTimeout(120_000);

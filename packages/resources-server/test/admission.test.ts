@@ -1,14 +1,6 @@
+import { until, Gate } from '@ckpt-gym/testing';
 import { probeServer } from './probe.js';
-import {
-  cleanUp,
-  episodeJson,
-  eventually,
-  Gate,
-  startServer,
-  tempDir,
-  type TestServer,
-  track,
-} from './support.js';
+import { cleanUp, episodeJson, startServer, tempDir, type TestServer, track } from './support.js';
 
 afterEach(cleanUp);
 
@@ -124,7 +116,7 @@ describe('requests during a checkpoint', () => {
     const server = await startServer(probe);
     await prepare(server, 'c1');
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => waiting(server) === 1, 'the seed to wait');
+    await until(() => waiting(server) === 1, 'the seed to wait');
     expect(probe.calls.seed).toBe(0);
     expect(seed.done).toBe(false);
     await resume(server, 'c1');
@@ -137,7 +129,7 @@ describe('requests during a checkpoint', () => {
     const server = await startServer(probe);
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed handler to run');
+    await until(() => probe.calls.seed === 1, 'the seed handler to run');
     const first = await prepare(server, 'c1', brief());
     expect(first.phase).toBe('preparing');
     expect(first.report.blockers).toEqual(['r1']);
@@ -153,7 +145,7 @@ describe('requests during a checkpoint', () => {
     const server = await startServer(probe);
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed handler to run');
+    await until(() => probe.calls.seed === 1, 'the seed handler to run');
     const prepared = await prepare(server, 'c1');
     expect(prepared.phase).toBe('prepared');
     expect(prepared.report.restarts).toEqual(['r1']);
@@ -171,7 +163,7 @@ describe('requests during a checkpoint', () => {
     const server = await startServer(probe);
     await prepare(server, 'c1');
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => waiting(server) === 1, 'the seed to wait');
+    await until(() => waiting(server) === 1, 'the seed to wait');
     // Reopen and close again before the waiting seed runs.
     const participant = server.participant;
     void participant.openAdmission();
@@ -201,7 +193,7 @@ describe('requests during a checkpoint', () => {
     const cookie = await server.seed('r1');
     await prepare(server, 'c1');
     const call = track(server.post('/bump', {}, { cookie, key: 'r1' }));
-    await eventually(() => waiting(server) === 1, 'the call to wait');
+    await until(() => waiting(server) === 1, 'the call to wait');
     expect((await commit(server, 'c1', ['r1'])).status).toBe(200);
     expect(probe.calls.exported).toEqual([[expect.any(String)]]);
     expect(call.done).toBe(false);
@@ -215,7 +207,7 @@ describe('requests during a checkpoint', () => {
     const cookie = await server.seed('r1');
     probe.gates.tool = new Gate();
     const call = track(server.post('/bump', {}, { cookie, key: 'r1' }));
-    await eventually(() => probe.calls.tool === 1, 'the tool to run');
+    await until(() => probe.calls.tool === 1, 'the tool to run');
     expect((await prepare(server, 'c1', brief())).report.blockers).toEqual(['r1']);
     probe.gates.tool.open();
     await call.promise;
@@ -228,7 +220,7 @@ describe('requests during a checkpoint', () => {
     const cookie = await server.seed('r1');
     await prepare(server, 'c1');
     const close = track(server.post('/close_session', {}, { cookie, key: 'r1' }));
-    await eventually(() => waiting(server) === 1, 'the close to wait');
+    await until(() => waiting(server) === 1, 'the close to wait');
     expect(probe.calls.close).toBe(0);
     await resume(server, 'c1');
     expect((await close.promise).status).toBe(200);
@@ -241,10 +233,10 @@ describe('requests during a checkpoint', () => {
     const cookie = await server.seed('r1');
     probe.gates.verify = new Gate();
     const verify = track(server.post('/verify', {}, { cookie, key: 'r1' }));
-    await eventually(() => probe.calls.verify === 1, 'verify to run');
+    await until(() => probe.calls.verify === 1, 'verify to run');
     expect((await prepare(server, 'c1')).phase).toBe('prepared');
     const late = track(server.post('/verify', {}, { cookie, key: 'r1' }));
-    await eventually(() => probe.calls.verify === 2, 'the second verify to run');
+    await until(() => probe.calls.verify === 2, 'the second verify to run');
     probe.gates.verify.open();
     await Promise.all([verify.promise, late.promise]);
     await resume(server, 'c1');
@@ -257,13 +249,13 @@ describe('requests during a checkpoint', () => {
     const other = await server.seed('r2');
     probe.gates.verify = new Gate();
     const verify = track(server.post('/verify', {}, { cookie, key: 'r1' }));
-    await eventually(() => probe.calls.verify === 1, 'verify to run');
+    await until(() => probe.calls.verify === 1, 'verify to run');
     expect((await prepare(server, 'c1', brief())).report.blockers).toEqual(['r1']);
     probe.gates.verify.open();
     await verify.promise;
     expect((await prepare(server, 'c1')).phase).toBe('prepared');
     const late = track(server.post('/verify', {}, { cookie: other, key: 'r2' }));
-    await eventually(() => waiting(server) === 1, 'the late verify to wait');
+    await until(() => waiting(server) === 1, 'the late verify to wait');
     expect(probe.calls.verify).toBe(1);
     await resume(server, 'c1');
     expect((await late.promise).status).toBe(200);
@@ -276,7 +268,7 @@ describe('requests during a checkpoint', () => {
       const server = await startServer(probe);
       await prepare(server, 'c1');
       const reset = track(server.post('/reset', {}, { key: 'r1' }));
-      await eventually(() => waiting(server) === 1, 'the reset to wait');
+      await until(() => waiting(server) === 1, 'the reset to wait');
       const committed = await commit(server, 'c1', null);
       expect(committed.body.episode_ids).toEqual([]);
       expect(probe.calls.reset).toBe(0);
@@ -291,7 +283,7 @@ describe('requests during a checkpoint', () => {
     await server.seed('r0');
     probe.gates.seed = new Gate();
     const reset = track(server.post('/reset', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.reset === 1, 'the reset to run');
+    await until(() => probe.calls.reset === 1, 'the reset to run');
     const prepared = await prepare(server, 'c1');
     expect(prepared.phase).toBe('prepared');
     expect(prepared.report.restarts).toEqual(['r0', 'r1']);
@@ -306,7 +298,7 @@ describe('requests during a checkpoint', () => {
     const cookie = await server.seed('r1');
     probe.gates.tool = new Gate();
     const call = track(server.post('/bump', {}, { cookie, key: 'r1' }));
-    await eventually(() => probe.calls.tool === 1, 'the tool to run');
+    await until(() => probe.calls.tool === 1, 'the tool to run');
     expect((await prepare(server, 'c1', soon(), ['r1'])).phase).toBe('prepared');
     const committed = await commit(server, 'c1', null);
     expect(committed.body.episode_ids).toEqual([]);
@@ -324,10 +316,10 @@ describe('requests during a checkpoint', () => {
     await prepare(server, 'c1');
     const abort = new AbortController();
     const seed = server.post('/seed_session', {}, { key: 'r1', signal: abort.signal });
-    await eventually(() => waiting(server) === 1, 'the seed to wait');
+    await until(() => waiting(server) === 1, 'the seed to wait');
     abort.abort();
     await expect(seed).rejects.toThrow();
-    await eventually(() => waiting(server) === 0, 'the wait to end');
+    await until(() => waiting(server) === 0, 'the wait to end');
     await resume(server, 'c1');
     expect(probe.calls.seed).toBe(0);
     // A client going away is not a server error.
@@ -353,12 +345,12 @@ describe('session lifecycle', () => {
     const server = await startServer(probe);
     const abort = new AbortController();
     const seed = server.post('/seed_session', {}, { key: 'r1', signal: abort.signal });
-    await eventually(() => probe.calls.seed === 1, 'the seed handler to run');
+    await until(() => probe.calls.seed === 1, 'the seed handler to run');
     abort.abort();
     await expect(seed).rejects.toThrow();
     probe.gates.seed.open();
-    await eventually(() => server.participant.isOpen('kept'), 'the seed to be tracked');
-    await eventually(() => server.participant.readiness().counts.inflight === 0, 'release');
+    await until(() => server.participant.isOpen('kept'), 'the seed to be tracked');
+    await until(() => server.participant.readiness().counts.inflight === 0, 'release');
   });
 
   test('a verify whose client went away after its handler started still ends the session', async () => {
@@ -369,11 +361,11 @@ describe('session lifecycle', () => {
     probe.gates.verify = new Gate();
     const abort = new AbortController();
     const verify = server.post('/verify', {}, { cookie, key: 'r1', signal: abort.signal });
-    await eventually(() => probe.calls.verify === 1, 'the verify handler to run');
+    await until(() => probe.calls.verify === 1, 'the verify handler to run');
     abort.abort();
     await expect(verify).rejects.toThrow();
     probe.gates.verify.open();
-    await eventually(() => !server.participant.isOpen('ending'), 'the session to end');
+    await until(() => !server.participant.isOpen('ending'), 'the session to end');
   });
 
   test('a replayable /verify with x-ng-checkpoint-close-follows keeps the session tracked and exported until its close', async () => {

@@ -3,9 +3,7 @@ import { gzipSync } from 'node:zlib';
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
 import { MAX_RESOURCES_SESSION_ID_CHARS } from '../src/native.js';
 import { probeServer } from './probe.js';
-import { cleanUp, episodeJson, responseCalling, startServer } from './support.js';
-
-afterEach(cleanUp);
+import { episodeJson, responseCalling, startServer } from './support.js';
 
 function nativeSeed(id: string, key: string, taskData: object = {}) {
   return {
@@ -19,7 +17,7 @@ function nativeSeed(id: string, key: string, taskData: object = {}) {
 describe('sessions without checkpointing', () => {
   test('a native seed replies with its session id and sets the signed cookie naming it', async () => {
     const counter = counterServer();
-    const server = await startServer(counter, { checkpoint: false });
+    await using server = await startServer(counter, { checkpoint: false });
     const reply = await server.post('/seed_session', nativeSeed('s1', 'r1', { initial_count: 4 }), {
       key: 'r1',
     });
@@ -35,7 +33,7 @@ describe('sessions without checkpointing', () => {
 
   test('a native seed is idempotent per id: a repeat returns the same session without seeding again', async () => {
     const probe = probeServer();
-    const server = await startServer(probe, { checkpoint: false });
+    await using server = await startServer(probe, { checkpoint: false });
     const first = await server.post('/seed_session', nativeSeed('s1', 'r1'), { key: 'r1' });
     const second = await server.post('/seed_session', nativeSeed('s1', 'r1'), { key: 'r1' });
     expect([first.status, second.status]).toEqual([200, 200]);
@@ -44,7 +42,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('a native seed of the same id with other task data or another episode is refused', async () => {
-    const server = await startServer(probeServer(), { checkpoint: false });
+    await using server = await startServer(probeServer(), { checkpoint: false });
     await server.post('/seed_session', nativeSeed('s1', 'r1', { a: 1 }), { key: 'r1' });
     const otherTask = await server.post('/seed_session', nativeSeed('s1', 'r1', { a: 2 }), {
       key: 'r1',
@@ -60,7 +58,7 @@ describe('sessions without checkpointing', () => {
     ['too long for its cookie', 's'.repeat(MAX_RESOURCES_SESSION_ID_CHARS + 1)],
   ])('a resources_session_id that is %s is 422 before any session exists', async (_what, id) => {
     const probe = probeServer();
-    const server = await startServer(probe, { checkpoint: false });
+    await using server = await startServer(probe, { checkpoint: false });
     const seed = await server.post('/seed_session', nativeSeed(id, 'r1'), { key: 'r1' });
     expect([seed.status, seed.body.error]).toEqual([
       422,
@@ -72,7 +70,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('a native body whose episode differs from its rollout prefix is refused', async () => {
-    const server = await startServer(probeServer(), { checkpoint: false });
+    await using server = await startServer(probeServer(), { checkpoint: false });
     const reply = await server.post('/seed_session', nativeSeed('s1', 'r1'), { key: 'r9' });
     expect(reply.status).toBe(422);
     expect(String((reply.body.error as { detail: string }).detail)).toMatch(
@@ -82,7 +80,7 @@ describe('sessions without checkpointing', () => {
 
   test('close is idempotent, frees the state, and a closed id cannot be seeded again', async () => {
     const probe = probeServer();
-    const server = await startServer(probe, { checkpoint: false });
+    await using server = await startServer(probe, { checkpoint: false });
     await server.post('/seed_session', nativeSeed('s1', 'r1'), { key: 'r1' });
     const close = { resources_session_id: 's1', episode_id: episodeJson('r1') };
     const first = await server.post('/close_session', close, { key: 'r1' });
@@ -96,7 +94,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('closing a session that was never seeded succeeds', async () => {
-    const server = await startServer(probeServer(), { checkpoint: false });
+    await using server = await startServer(probeServer(), { checkpoint: false });
     const reply = await server.post(
       '/close_session',
       { resources_session_id: 'never', episode_id: episodeJson('r1') },
@@ -106,7 +104,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('a native close by another episode is refused with stale_attempt', async () => {
-    const server = await startServer(probeServer(), { checkpoint: false });
+    await using server = await startServer(probeServer(), { checkpoint: false });
     await server.post('/seed_session', nativeSeed('s1', 'r1'), { key: 'r1' });
     const reply = await server.post(
       '/close_session',
@@ -118,14 +116,17 @@ describe('sessions without checkpointing', () => {
   });
 
   test('a legacy seed body is free-form and its session comes from the cookie it sets', async () => {
-    const server = await startServer(counterServer(), { checkpoint: false });
+    await using server = await startServer(counterServer(), { checkpoint: false });
     const cookie = await server.seed('r1', { initial_count: 2 });
     await server.post('/increment_counter', { count: 3 }, { cookie });
     expect((await server.post('/get_counter_value', {}, { cookie })).body).toEqual({ count: 5 });
   });
 
   test('a cookie with a bad signature is not accepted: the request gets a fresh session', async () => {
-    const server = await startServer(counterServer(), { checkpoint: false, sessionSecret: 'a' });
+    await using server = await startServer(counterServer(), {
+      checkpoint: false,
+      sessionSecret: 'a',
+    });
     const cookie = await server.seed('r1', { initial_count: 7 });
     const forged = new SessionCookie('res', Buffer.from('b'));
     const id = new SessionCookie('res', Buffer.from('a')).read(cookie);
@@ -142,20 +143,20 @@ describe('sessions without checkpointing', () => {
   });
 
   test('every route also answers under the rollout prefix', async () => {
-    const server = await startServer(weatherServer(), { checkpoint: false });
+    await using server = await startServer(weatherServer(), { checkpoint: false });
     const reply = await server.post('/get_weather', { city: 'SF' }, { key: 'r1-a2' });
     expect(reply.body).toEqual({ city: 'SF', forecast: 'sunny' });
   });
 
   test('verify replies with the request and its reward', async () => {
-    const server = await startServer(weatherServer(), { checkpoint: false });
+    await using server = await startServer(weatherServer(), { checkpoint: false });
     const body = { response: responseCalling('get_weather'), city: 'SF' };
     const reply = await server.post('/verify', body, { key: 'r1' });
     expect(reply.body).toEqual({ ...body, reward: 1 });
   });
 
   test('verify reads the task data from verification_input when the body carries it', async () => {
-    const server = await startServer(exactMatchServer(), { checkpoint: false });
+    await using server = await startServer(exactMatchServer(), { checkpoint: false });
     const body = {
       episode_id: episodeJson('r1'),
       task_id: { taskset: 'ts', task_id: 't' },
@@ -167,7 +168,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('aggregate_metrics averages the rewards by default', async () => {
-    const server = await startServer(weatherServer(), { checkpoint: false });
+    await using server = await startServer(weatherServer(), { checkpoint: false });
     const reply = await server.post('/aggregate_metrics', {
       verify_responses: [{ reward: 1 }, { reward: 0 }],
     });
@@ -175,7 +176,7 @@ describe('sessions without checkpointing', () => {
   });
 
   test('with checkpointing off there are no control routes and no checkpoint headers', async () => {
-    const server = await startServer(weatherServer(), { checkpoint: false });
+    await using server = await startServer(weatherServer(), { checkpoint: false });
     const seed = await server.post('/seed_session', {}, { key: 'r1' });
     expect(seed.headers.get('x-ng-checkpoint-verify')).toBeNull();
     expect(seed.headers.get('x-ng-checkpoint-restart')).toBeNull();
@@ -184,14 +185,14 @@ describe('sessions without checkpointing', () => {
   });
 
   test('a body that is not a JSON object is refused with invalid_request', async () => {
-    const server = await startServer(weatherServer(), { checkpoint: false });
+    await using server = await startServer(weatherServer(), { checkpoint: false });
     const reply = await server.post('/get_weather', [1, 2]);
     expect(reply.status).toBe(422);
     expect(reply.body.error).toMatchObject({ code: 'invalid_request' });
   });
 
   test('a body in another charset, with a broken content encoding or nested 10k levels deep is 422 invalid_request', async () => {
-    const server = await startServer(counterServer(), { checkpoint: false });
+    await using server = await startServer(counterServer(), { checkpoint: false });
     const body = JSON.stringify({ responses_create_params: { input: [] }, response: {} });
     const cases: [Record<string, string>, string | Uint8Array, string][] = [
       [{ 'content-type': 'application/json; charset=latin1' }, body, 'charset must be utf-8'],

@@ -3,9 +3,9 @@
  * and can be held by a gate, hooks that record what they were asked and can hang or fail.
  */
 import type { JsonValue } from '@ckpt-gym/core';
+import { Gate } from '@ckpt-gym/testing';
 
 import type { ResourcesServerDefinition } from '../src/index.js';
-import { Gate } from './support.js';
 
 export interface Probe extends ResourcesServerDefinition {
   readonly values: Map<string, number>;

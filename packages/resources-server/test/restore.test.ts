@@ -1,16 +1,9 @@
+import { until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import { counterServer, SessionTable, weatherServer } from '../src/index.js';
 import { type Probe, probeServer } from './probe.js';
-import {
-  cleanUp,
-  episodeJson,
-  eventually,
-  startServer,
-  tempDir,
-  type TestServer,
-  track,
-} from './support.js';
+import { cleanUp, episodeJson, startServer, tempDir, type TestServer, track } from './support.js';
 
 afterEach(async () => {
   jest.restoreAllMocks();
@@ -244,7 +237,7 @@ describe('restored sessions', () => {
       episode_ids: [episodeJson('r1')],
     });
     const seed = track(server.post('/seed_session', {}, { key: 'r5' }));
-    await eventually(() => server.participant.readiness().counts.waiting === 1, 'the seed to wait');
+    await until(() => server.participant.readiness().counts.waiting === 1, 'the seed to wait');
     expect(
       (
         await server.control('retire', {

@@ -1,17 +1,9 @@
+import { until, Gate } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import { SessionTable } from '../src/index.js';
 import { probeServer } from './probe.js';
-import {
-  cleanUp,
-  episodeJson,
-  eventually,
-  Gate,
-  startServer,
-  tempDir,
-  type TestServer,
-  track,
-} from './support.js';
+import { cleanUp, episodeJson, startServer, tempDir, type TestServer, track } from './support.js';
 
 afterEach(async () => {
   jest.restoreAllMocks();
@@ -60,9 +52,9 @@ describe('retire', () => {
       const cookie = await server.seed('r1');
       probe.gates.tool = new Gate();
       const call = track(server.post('/bump', {}, { cookie, key: 'r1' }));
-      await eventually(() => probe.calls.tool === 1, 'the tool to run');
+      await until(() => probe.calls.tool === 1, 'the tool to run');
       const retiring = track(retire(server, ['r1']));
-      await eventually(
+      await until(
         () => server.participant.isOpen([...probe.values.keys()][0] as string) === false,
         'the fence',
       );
@@ -161,7 +153,7 @@ describe('retire', () => {
     const server = await startServer(probe);
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed to run');
+    await until(() => probe.calls.seed === 1, 'the seed to run');
     const retiring = track(retire(server, ['r1']));
     await new Promise((resolve) => setTimeout(resolve, 20));
     expect(retiring.done).toBe(false);
@@ -179,7 +171,7 @@ describe('retire', () => {
     probe.replaceIdWith = 'late';
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 2, 'the second seed to run');
+    await until(() => probe.calls.seed === 2, 'the second seed to run');
     const cut = await retire(server, ['r1'], shortly());
     expect(cut.body.error).toMatchObject({ code: 'deadline_exceeded' });
     // Cookie only: nothing but the fence at mark time can refuse it (the retire waits on the seed).
@@ -197,10 +189,7 @@ describe('retire', () => {
       code: 'stale_attempt',
     });
     expect(server.participant.isOpen('late')).toBe(false);
-    await eventually(
-      () => probe.calls.retired.includes('late') || sessions(server) === 2,
-      'settle',
-    );
+    await until(() => probe.calls.retired.includes('late') || sessions(server) === 2, 'settle');
     probe.gates.retire = undefined;
     expect((await retire(server, ['r1'])).status).toBe(200);
     expect(sessions(server)).toBe(0);
@@ -214,7 +203,7 @@ describe('retire', () => {
     probe.gates.seed = new Gate();
     probe.gates.retire = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed to run');
+    await until(() => probe.calls.seed === 1, 'the seed to run');
     const retiring = retire(server, ['r1'], shortly());
     probe.gates.seed.open();
     await seed.promise;
@@ -250,7 +239,7 @@ describe('retire', () => {
     const server = await startServer(probe);
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed to run');
+    await until(() => probe.calls.seed === 1, 'the seed to run');
     server.participant.marks.mark([episodeJson('r1') as never]);
     probe.gates.seed.open();
     const cookie = (await seed.promise).setCookie as string;
@@ -269,7 +258,7 @@ describe('retire', () => {
     const server = await startServer(probe);
     probe.gates.seed = new Gate();
     const seed = track(server.post('/seed_session', {}, { key: 'r1' }));
-    await eventually(() => probe.calls.seed === 1, 'the seed to run');
+    await until(() => probe.calls.seed === 1, 'the seed to run');
     expect((await retire(server, ['r1'], shortly())).body.error).toMatchObject({
       code: 'deadline_exceeded',
     });

@@ -2,6 +2,7 @@ import { readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { parseStackFile } from '@ckpt-gym/core';
+import { until } from '@ckpt-gym/testing';
 
 import {
   chosenOption,
@@ -18,7 +19,6 @@ import {
 import {
   cleanUp,
   episodeJson,
-  eventually,
   responseCalling,
   responseSaying,
   startServer,
@@ -132,10 +132,7 @@ describe('slow_verify', () => {
     const verify = track(
       server.post('/verify', { response: responseCalling('get_weather') }, { cookie, key: 'r1' }),
     );
-    await eventually(
-      () => server.participant.readiness().counts.inflight === 1,
-      'verify in flight',
-    );
+    await until(() => server.participant.readiness().counts.inflight === 1, 'verify in flight');
     expect(verify.done).toBe(false);
     expect(
       // A deadline just ahead: the reply comes almost at once, with the report.

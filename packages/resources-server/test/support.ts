@@ -7,14 +7,20 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import {
-  type EpisodeId,
   type JsonObject,
   listen,
   type ListeningServer,
   type Logger,
   type LogMeta,
-  parseCaptureKey,
 } from '@ckpt-gym/core';
+
+import {
+  closeNow,
+  type ControlClient,
+  controlClient,
+  type ControlReply,
+  ep,
+} from '@ckpt-gym/testing';
 
 import {
   createResourcesServer,
@@ -39,17 +45,6 @@ export class SilentLogger implements Logger {
   }
 }
 
-/** A promise the test opens by hand. */
-export class Gate {
-  readonly promise: Promise<void>;
-  open!: () => void;
-  constructor() {
-    this.promise = new Promise((resolve) => {
-      this.open = resolve;
-    });
-  }
-}
-
 export interface Reply {
   status: number;
   body: JsonObject;
@@ -66,14 +61,17 @@ export interface CallOptions {
   signal?: AbortSignal;
 }
 
-export class TestServer {
+export class TestServer implements AsyncDisposable {
   readonly aborts = new Set<AbortController>();
+  readonly controller: ControlClient;
 
   constructor(
     readonly built: ResourcesServer,
     readonly listening: ListeningServer,
     readonly logger: SilentLogger,
-  ) {}
+  ) {
+    this.controller = controlClient(listening.url, TOKEN);
+  }
 
   get url(): string {
     return this.listening.url;
@@ -123,35 +121,26 @@ export class TestServer {
     return reply.setCookie;
   }
 
-  async control(route: string, body: JsonObject = {}): Promise<Reply> {
-    const method = route === 'status' ? 'GET' : 'POST';
-    const res = await fetch(`${this.url}/ng-control/v1/checkpoint/${route}`, {
-      method,
-      headers: { authorization: `Bearer ${TOKEN}`, 'content-type': 'application/json' },
-      body: method === 'POST' ? JSON.stringify(body) : undefined,
-    });
-    return {
-      status: res.status,
-      body: (await res.json()) as JsonObject,
-      headers: res.headers,
-      setCookie: undefined,
-    };
+  /** A control call (GET for `status`), whatever the reply's status. */
+  control(route: string, body: JsonObject = {}): Promise<ControlReply> {
+    return route === 'status' ? this.controller.get(route) : this.controller.post(route, body);
   }
 
   /** Sends a control call that must succeed, with a generous deadline unless given. */
   async ok(route: string, body: JsonObject): Promise<JsonObject> {
-    const reply = await this.control(route, { deadline_ts: Date.now() / 1000 + 30, ...body });
-    if (reply.status !== 200) {
-      throw new Error(`${route} failed: ${reply.status} ${JSON.stringify(reply.body)}`);
-    }
-    return reply.body;
+    return (await this.controller.ok(route, body)) as JsonObject;
   }
 
   async close(): Promise<void> {
     for (const abort of this.aborts) abort.abort();
     this.built.plane?.dispose();
-    this.listening.server.closeAllConnections();
-    await this.listening.close();
+    this.controller.close();
+    await closeNow(this.listening);
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    running.delete(this);
+    return this.close();
   }
 }
 
@@ -195,19 +184,6 @@ export async function cleanUp(): Promise<void> {
   running.clear();
   await Promise.all([...dirs].map((d) => rm(d, { recursive: true, force: true })));
   dirs.clear();
-}
-
-/** Polls until `predicate` holds (no timing assertion: it only waits for a state). */
-export async function eventually(predicate: () => boolean, what = 'condition'): Promise<void> {
-  for (let i = 0; i < 2000; i += 1) {
-    if (predicate()) return;
-    await new Promise((resolve) => setTimeout(resolve, 5));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
-
-export function ep(key: string): EpisodeId {
-  return parseCaptureKey(key);
 }
 
 export function episodeJson(key: string): JsonObject {

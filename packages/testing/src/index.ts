@@ -1,8 +1,18 @@
 /**
- * @ckpt-gym/testing: what the packages' tests share, and what a user testing a server of their own
- * can take. Today: malformed requests for a route's property test, and the check that a server
- * answered each as a client's mistake (below 500, in the standard JSON error shape).
+ * @ckpt-gym/testing: what the packages' tests share, and what a user testing a server or a
+ * participant of their own can take: gates and waits, episode ids, a control client, stub
+ * servers, a participant harness on a fake clock, and malformed requests for a route's property
+ * test. Every resource is `AsyncDisposable`, so a test writes `await using`.
  */
+export {
+  type ControlClient,
+  type ControlReply,
+  controlClient,
+  type Json,
+} from './control-client.js';
+export { ep, episodes } from './episodes.js';
+// Core's own doubles: core's tests need them, and core cannot depend on this kit.
+export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core';
 export {
   closeConnections,
   expectClientOutcome,
@@ -14,3 +24,28 @@ export {
   replyProblem,
   send,
 } from './malformed.js';
+export {
+  type HarnessOptions,
+  participantHarness,
+  type ParticipantHarness,
+} from './participant-harness.js';
+export { closeNow, type DisposableServer, serve } from './serve.js';
+export {
+  AGENT_RESPONSE,
+  type Behaviour,
+  type Call,
+  OBSERVATIONS,
+  stubAgent,
+  stubResources,
+  StubServer,
+} from './stubs/http-stub.js';
+export {
+  type RecordedCall,
+  responseWith,
+  startStubModel,
+  startStubToolResources,
+  type StubModel,
+  type StubToolResources,
+} from './stubs/model.js';
+export { type Status, tracked } from './tracked.js';
+export { deadline, POLL_MS, until, UNTIL_TIMEOUT_MS, UntilTimeoutError } from './wait.js';

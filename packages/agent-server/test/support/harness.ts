@@ -7,11 +7,20 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core';
+import {
+  closeNow,
+  controlClient,
+  type ControlReply,
+  deadline,
+  startStubModel,
+  startStubToolResources,
+  type StubModel,
+  type StubToolResources,
+} from '@ckpt-gym/testing';
 
 import { type AgentServer, createAgentServer } from '../../src/app.js';
 import type { AgentDefinition } from '../../src/agent.js';
 import { simpleAgent, type SimpleSessionState } from '../../src/simple-agent.js';
-import { startStubModel, startStubResources, type StubModel, type StubResources } from './stubs.js';
 
 export const TOKEN = 'tok';
 export const CHECKPOINT = {
@@ -20,9 +29,9 @@ export const CHECKPOINT = {
   leaseGraceSeconds: 600,
 };
 
-export interface Harness<S = SimpleSessionState> {
+export interface Harness<S = SimpleSessionState> extends AsyncDisposable {
   model: StubModel;
-  resources: StubResources;
+  resources: StubToolResources;
   agent: AgentServer<S>;
   server: ListeningServer;
   url: string;
@@ -34,7 +43,7 @@ const quiet = () => createLogger({ server: 'agent', kind: 'agent', level: 'error
 
 /** A fresh agent process (a restore needs one) sharing the same stubs. */
 export async function startAgent<S = SimpleSessionState>(
-  base: { model: StubModel; resources: StubResources; dir: string },
+  base: { model: StubModel; resources: StubToolResources; dir: string },
   options: {
     checkpoint?: boolean;
     definition?: AgentDefinition<S>;
@@ -53,29 +62,29 @@ export async function startAgent<S = SimpleSessionState>(
     logger: quiet(),
   });
   const server = await listen(agent.app, 0);
-  return {
+  const harness: Harness<S> = {
     ...base,
     agent,
     server,
     url: server.url,
     async close() {
       // A torn-down process: connections a test abandoned mid-request end with it.
-      const closed = server.close();
-      server.server.closeAllConnections();
-      await closed;
+      await closeNow(server);
       agent.close();
     },
+    [Symbol.asyncDispose]: () => harness.close(),
   };
+  return harness;
 }
 
 export async function startStack<S = SimpleSessionState>(
   options: Parameters<typeof startAgent<S>>[1] & { verifyMode?: 'wait' | 'replay' } = {},
 ): Promise<Harness<S>> {
   const model = await startStubModel();
-  const resources = await startStubResources({ verifyMode: options.verifyMode });
+  const resources = await startStubToolResources({ verifyMode: options.verifyMode });
   const dir = await mkdtemp(join(tmpdir(), 'agent-server-'));
   const h = await startAgent<S>({ model, resources, dir }, options);
-  return {
+  const stack: Harness<S> = {
     ...h,
     async close() {
       await h.close();
@@ -83,7 +92,9 @@ export async function startStack<S = SimpleSessionState>(
       await resources.close();
       await rm(dir, { recursive: true, force: true });
     },
+    [Symbol.asyncDispose]: () => stack.close(),
   };
+  return stack;
 }
 
 export interface Reply {
@@ -121,7 +132,7 @@ export async function post(
   };
 }
 
-export function errorCode(reply: Reply): string | undefined {
+export function errorCode(reply: { body: Record<string, unknown> }): string | undefined {
   return (reply.body.error as { code?: string } | undefined)?.code;
 }
 
@@ -207,35 +218,14 @@ export function closeSession(
 
 // --- control ---------------------------------------------------------------------------------
 
-export function deadline(seconds = 30): number {
-  return Date.now() / 1000 + seconds;
-}
-
+/** A control call with a 30 s deadline unless `body` names one; the reply has any status. */
 export async function control(
   h: { url: string },
   route: string,
   body: Record<string, unknown>,
-): Promise<Reply> {
-  return post(
-    `${h.url}/ng-control/v1/checkpoint/${route}`,
-    { deadline_ts: deadline(), ...body },
-    {
-      authorization: `Bearer ${TOKEN}`,
-    },
-  );
-}
-
-export function ep(rollout: string, attempt = 0) {
-  return { rollout_id: rollout, attempt };
-}
-
-/** Resolves once `check` holds, polling the event loop (no timers asserted on). */
-export async function until(check: () => boolean, what = 'condition'): Promise<void> {
-  for (let i = 0; i < 2000; i += 1) {
-    if (check()) return;
-    await new Promise((r) => setTimeout(r, 5));
-  }
-  throw new Error(`timed out waiting for ${what}`);
+): Promise<ControlReply> {
+  await using client = controlClient(h.url, TOKEN);
+  return client.post(route, { deadline_ts: deadline(), ...body });
 }
 
 // --- checkpoint flows --------------------------------------------------------------------------
@@ -291,7 +281,7 @@ export async function restore(
   id: string,
   scope: { rollout_id: string; attempt: number }[],
   from = id,
-): Promise<Reply> {
+): Promise<ControlReply> {
   return control(h, 'restore', {
     checkpoint_id: id,
     checkpoint_dir: join(h.dir, from),
@@ -304,7 +294,7 @@ export async function retire(
   episodes: { rollout_id: string; attempt: number }[],
   seconds = 30,
   checkpointId = `retire-${Math.random().toString(36).slice(2)}`,
-): Promise<Reply> {
+): Promise<ControlReply> {
   return control(h, 'retire', {
     checkpoint_id: checkpointId,
     deadline_ts: deadline(seconds),

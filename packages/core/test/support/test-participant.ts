@@ -12,7 +12,6 @@ import {
   parseCaptureKey,
 } from '../../src/identity.js';
 import type { JsonObject, JsonValue } from '../../src/json.js';
-import type { Logger, LogMeta } from '../../src/logging.js';
 import {
   type AdmissionRequest,
   BaseParticipant,
@@ -21,36 +20,10 @@ import {
   prepareReport,
 } from '../../src/participant.js';
 import type { CheckpointRecord } from '../../src/store.js';
+import { Gate, MemoryLogger } from '../../src/testing/index.js';
 
-/** A promise the test opens or fails by hand. */
-export class Gate {
-  readonly promise: Promise<void>;
-  #open!: () => void;
-  #fail!: (err: Error) => void;
-  #settled = false;
-
-  constructor() {
-    this.promise = new Promise<void>((resolve, reject) => {
-      this.#open = resolve;
-      this.#fail = reject;
-    });
-    this.promise.catch(() => undefined);
-  }
-
-  get settled(): boolean {
-    return this.#settled;
-  }
-
-  open(): void {
-    this.#settled = true;
-    this.#open();
-  }
-
-  fail(err: Error): void {
-    this.#settled = true;
-    this.#fail(err);
-  }
-}
+// Shared with the kit through core (see src/testing/index.ts); re-exported for core's tests.
+export { Gate, MemoryLogger };
 
 /** Rejects when `signal` aborts. */
 function untilAborted(signal: AbortSignal): Promise<never> {
@@ -309,38 +282,5 @@ export class TestParticipant extends BaseParticipant<TestRecord> {
 
   override commitReplyExtra(_records: TestRecord[]): Record<string, unknown> {
     return this.commitExtra;
-  }
-}
-
-/** A logger that keeps its lines for assertions and prints nothing. */
-export class MemoryLogger implements Logger {
-  constructor(
-    private readonly context: LogMeta = {},
-    /** Shared with children, so a test sees every line in one place. */
-    readonly lines: { level: string; message: string; meta: LogMeta }[] = [],
-  ) {}
-
-  #log(level: string, message: string, meta: LogMeta = {}): void {
-    this.lines.push({ level, message, meta: { ...this.context, ...meta } });
-  }
-
-  error(message: string, meta?: LogMeta): void {
-    this.#log('error', message, meta);
-  }
-
-  warn(message: string, meta?: LogMeta): void {
-    this.#log('warn', message, meta);
-  }
-
-  info(message: string, meta?: LogMeta): void {
-    this.#log('info', message, meta);
-  }
-
-  debug(message: string, meta?: LogMeta): void {
-    this.#log('debug', message, meta);
-  }
-
-  child(meta: LogMeta): Logger {
-    return new MemoryLogger({ ...this.context, ...meta }, this.lines);
   }
 }

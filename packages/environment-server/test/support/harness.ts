@@ -13,6 +13,16 @@ import {
   listen,
   type ListeningServer,
 } from '@ckpt-gym/core';
+import {
+  closeNow,
+  type ControlClient,
+  controlClient,
+  type ControlReply,
+  deadline,
+  stubAgent,
+  stubResources,
+  type StubServer,
+} from '@ckpt-gym/testing';
 import got, { type Got } from 'got';
 
 import {
@@ -22,7 +32,6 @@ import {
 } from '../../src/app.js';
 import type { EnvironmentProtocol } from '../../src/protocol.js';
 import { SingleAgentTurn, type ToolTransport } from '../../src/single-agent-turn.js';
-import { stubAgent, stubResources, type StubServer } from './stubs.js';
 
 export const TOKEN = 'tok';
 
@@ -41,16 +50,9 @@ export interface HarnessOptions {
   dir?: string;
 }
 
-export interface Reply {
-  status: number;
-  body: Record<string, unknown>;
-}
+export type Reply = ControlReply;
 
 const http = got.extend({ retry: { limit: 0 }, throwHttpErrors: false, responseType: 'json' });
-
-export function deadline(seconds = 30): number {
-  return Date.now() / 1000 + seconds;
-}
 
 export function runBody(rollout: string, attempt = 0, taskData: Record<string, unknown> = {}) {
   return {
@@ -65,12 +67,13 @@ export function runBody(rollout: string, attempt = 0, taskData: Record<string, u
   };
 }
 
-export class Harness {
+export class Harness implements AsyncDisposable {
   env!: EnvironmentServer;
   listening!: ListeningServer;
   readonly agent: StubServer = stubAgent();
   readonly resources: StubServer = stubResources();
   clients!: HttpClients;
+  controller!: ControlClient;
   dir = '';
 
   constructor(private readonly options: HarnessOptions = {}) {}
@@ -107,18 +110,23 @@ export class Harness {
       ...(this.options.legacy ? { legacy: { defaultTaskset: 'weather' } } : {}),
     });
     this.listening = await listen(this.env.app, 0);
+    this.controller = controlClient(this.listening.url, TOKEN);
     return this;
   }
 
   async close(): Promise<void> {
     // Release anything parked so no request outlives the test.
     await this.env?.participant?.openAdmission();
-    this.listening?.server.closeAllConnections();
-    await this.listening?.close();
+    if (this.listening) await closeNow(this.listening);
     this.clients?.close();
+    this.controller?.close();
     await this.agent.stop();
     await this.resources.stop();
     if (this.dir && !this.options.dir) await rm(this.dir, { recursive: true, force: true });
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.close();
   }
 
   async post(path: string, body: unknown, headers: Record<string, string> = {}): Promise<Reply> {
@@ -136,16 +144,11 @@ export class Harness {
   }
 
   control(route: string, body: Record<string, unknown>): Promise<Reply> {
-    return this.post(`/ng-control/v1/checkpoint/${route}`, body, {
-      authorization: `Bearer ${TOKEN}`,
-    });
+    return this.controller.post(route, body);
   }
 
-  async status(): Promise<Record<string, unknown>> {
-    const res = await http.get(`${this.url}/ng-control/v1/checkpoint/status`, {
-      headers: { authorization: `Bearer ${TOKEN}` },
-    });
-    return res.body as unknown as Record<string, unknown>;
+  status(): Promise<Record<string, unknown>> {
+    return this.controller.status();
   }
 
   prepare(id: string, seconds = 30): Promise<Reply> {
@@ -210,13 +213,4 @@ export class Harness {
   report() {
     return this.env.participant!.readiness();
   }
-}
-
-/** Waits until `predicate` holds, checking after each macrotask (no timing assertion). */
-export async function until(predicate: () => boolean, what = 'condition'): Promise<void> {
-  for (let i = 0; i < 5000; i += 1) {
-    if (predicate()) return;
-    await new Promise((resolve) => setTimeout(resolve, 2));
-  }
-  throw new Error(`timed out waiting for ${what}`);
 }

@@ -1,30 +1,15 @@
 /**
- * Small stub agent and resources servers for unit tests: they speak the wire shapes
+ * Stub agent and resources servers as an environment sees them: they speak the wire shapes
  * single_agent_turn calls, record every call (path without prefix, the prefix's capture key,
  * headers, body), and each route can be told to hold on a gate, fail with a status, drop the
- * connection or add reply headers.
+ * connection or add reply headers. `await using` stops them.
  */
 import { type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import express, { type Request, type Response } from 'express';
 
-export class Gate {
-  readonly promise: Promise<void>;
-  #open!: () => void;
-  opened = false;
-
-  constructor() {
-    this.promise = new Promise<void>((resolve) => {
-      this.#open = resolve;
-    });
-  }
-
-  open(): void {
-    this.opened = true;
-    this.#open();
-  }
-}
+import type { Gate } from '@ckpt-gym/core';
 
 /** Orders calls across every stub server of a test. */
 let sequence = 0;
@@ -61,7 +46,7 @@ type Handler = (call: Call, req: Request, res: Response) => Record<string, unkno
 
 const PREFIX = /^\/ng-rollout\/([^/]+)(\/.*)$/;
 
-export class StubServer {
+export class StubServer implements AsyncDisposable {
   readonly calls: Call[] = [];
   private readonly behaviours = new Map<string, Behaviour>();
   private readonly waiters: { path: string; count: number; resolve: () => void }[] = [];
@@ -150,6 +135,10 @@ export class StubServer {
     if (!server) return;
     server.closeAllConnections();
     await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.stop();
   }
 }
 

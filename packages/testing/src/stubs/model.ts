@@ -1,11 +1,12 @@
 /**
- * Small stub servers for agent tests: a scripted Responses API model (one `get_weather` function
+ * What an agent talks to, as stubs: a scripted Responses API model (one `get_weather` function
  * call, then a final message) that can hold its next reply, and a resources server whose tools
- * record the path, prefix and cookies each call carried.
+ * record the path, prefix and cookies each call carried. `await using` closes either.
  */
 import express, { type Request } from 'express';
 
-import { listen, type ListeningServer } from '@ckpt-gym/core';
+import { Gate } from '@ckpt-gym/core';
+import { serve } from '../serve.js';
 
 export interface RecordedCall {
   /** The capture key of the call's `/ng-rollout/<key>` prefix, or null. */
@@ -16,20 +17,47 @@ export interface RecordedCall {
   headers: Record<string, string | string[] | undefined>;
 }
 
-/** A promise the test opens by hand. */
-export class Gate {
-  readonly promise: Promise<void>;
-  open!: () => void;
-  constructor() {
-    this.promise = new Promise((resolve) => {
-      this.open = resolve;
-    });
-  }
-}
-
 function splitPrefix(req: Request): { key: string | null; path: string } {
   const m = /^\/ng-rollout\/([^/]+)(\/.*)$/.exec(req.path);
   return m ? { key: m[1]!, path: m[2]! } : { key: null, path: req.path };
+}
+
+/** What a stub records of each call. */
+function recorded(req: Request): RecordedCall {
+  const { key, path } = splitPrefix(req);
+  return {
+    key,
+    path,
+    body: req.body as Record<string, unknown>,
+    cookie: req.headers.cookie,
+    headers: req.headers,
+  };
+}
+
+interface Held {
+  gate: Gate;
+  arrived: () => void;
+  sent: () => void;
+}
+
+/** The next call a stub holds: the test opens its gate; `arrived` and `sent` say how far it got. */
+class NextHold {
+  #held: Held | null = null;
+
+  hold(): { gate: Gate; arrived: Promise<void>; sent: Promise<void> } {
+    const held: Partial<Held> = { gate: new Gate() };
+    const arrived = new Promise<void>((r) => (held.arrived = r));
+    const sent = new Promise<void>((r) => (held.sent = r));
+    this.#held = held as Held;
+    return { gate: this.#held.gate, arrived, sent };
+  }
+
+  /** The hold for the call that just came in, if the test asked for one (once). */
+  take(): Held | null {
+    const held = this.#held;
+    this.#held = null;
+    return held;
+  }
 }
 
 /** Resolves once `predicate` holds, checking whenever `notify` is called. */
@@ -49,7 +77,8 @@ class Waiters {
   }
 }
 
-export function response(output: unknown[]): Record<string, unknown> {
+/** A Responses API reply with `output`. */
+export function responseWith(output: unknown[]): Record<string, unknown> {
   return {
     id: 'resp',
     created_at: 0,
@@ -63,7 +92,7 @@ export function response(output: unknown[]): Record<string, unknown> {
   };
 }
 
-export interface StubModel {
+export interface StubModel extends AsyncDisposable {
   readonly url: string;
   readonly calls: RecordedCall[];
   /** Holds the next model call's reply until the returned gate opens; `arrived` resolves when it came in. */
@@ -76,21 +105,13 @@ export interface StubModel {
 export async function startStubModel(): Promise<StubModel> {
   const calls: RecordedCall[] = [];
   const waiters = new Waiters();
-  let hold: { gate: Gate; arrived: () => void; sent: () => void } | null = null;
+  const next = new NextHold();
   const app = express();
   app.use(express.json({ limit: '64mb' }));
   app.post(/.*\/v1\/responses$/, async (req, res) => {
-    const { key, path } = splitPrefix(req);
-    calls.push({
-      key,
-      path,
-      body: req.body as Record<string, unknown>,
-      cookie: req.headers.cookie,
-      headers: req.headers,
-    });
+    calls.push(recorded(req));
     waiters.notify();
-    const held = hold;
-    hold = null;
+    const held = next.take();
     if (held) {
       held.arrived();
       await held.gate.promise;
@@ -100,7 +121,7 @@ export async function startStubModel(): Promise<StubModel> {
     const items = Array.isArray(input) ? (input as { type?: string }[]) : [];
     const answered = items.some((i) => i.type === 'function_call_output');
     res.json(
-      response(
+      responseWith(
         answered
           ? [
               {
@@ -122,25 +143,18 @@ export async function startStubModel(): Promise<StubModel> {
       ),
     );
   });
-  const server: ListeningServer = await listen(app, 0);
+  const server = await serve(app);
   return {
     url: server.url,
     calls,
-    holdNext() {
-      const gate = new Gate();
-      let arrived!: () => void;
-      let sent!: () => void;
-      const arrivedP = new Promise<void>((r) => (arrived = r));
-      const sentP = new Promise<void>((r) => (sent = r));
-      hold = { gate, arrived, sent };
-      return { gate, arrived: arrivedP, sent: sentP };
-    },
+    holdNext: () => next.hold(),
     untilCalls: (n) => waiters.until(() => calls.length >= n),
     close: () => server.close(),
+    [Symbol.asyncDispose]: () => server[Symbol.asyncDispose](),
   };
 }
 
-export interface StubResources {
+export interface StubToolResources extends AsyncDisposable {
   readonly url: string;
   readonly calls: RecordedCall[];
   /** Holds the next tool call until the gate opens. */
@@ -148,24 +162,19 @@ export interface StubResources {
   close(): Promise<void>;
 }
 
-export async function startStubResources(
+/** Tools `get_weather`, `seed_session`, `verify` and `close_session`, each call recorded. */
+export async function startStubToolResources(
   options: { verifyMode?: 'wait' | 'replay' } = {},
-): Promise<StubResources> {
+): Promise<StubToolResources> {
   const calls: RecordedCall[] = [];
-  let hold: { gate: Gate; arrived: () => void } | null = null;
+  const next = new NextHold();
   const app = express();
   app.use(express.json({ limit: '64mb' }));
   app.post(/.*/, async (req, res) => {
-    const { key, path } = splitPrefix(req);
-    calls.push({
-      key,
-      path,
-      body: req.body as Record<string, unknown>,
-      cookie: req.headers.cookie,
-      headers: req.headers,
-    });
-    const held = hold;
-    hold = null;
+    const call = recorded(req);
+    const { key, path } = call;
+    calls.push(call);
+    const held = next.take();
     if (held) {
       held.arrived();
       await held.gate.promise;
@@ -191,17 +200,12 @@ export async function startStubResources(
     }
     res.status(404).json({ error: { code: 'not_found', detail: path } });
   });
-  const server = await listen(app, 0);
+  const server = await serve(app);
   return {
     url: server.url,
     calls,
-    holdNext() {
-      const gate = new Gate();
-      let arrived!: () => void;
-      const arrivedP = new Promise<void>((r) => (arrived = r));
-      hold = { gate, arrived };
-      return { gate, arrived: arrivedP };
-    },
+    holdNext: () => next.hold(),
     close: () => server.close(),
+    [Symbol.asyncDispose]: () => server[Symbol.asyncDispose](),
   };
 }
