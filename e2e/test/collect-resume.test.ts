@@ -10,7 +10,9 @@ import { join, resolve } from 'node:path';
 import { DISPATCH_LOG, processAlive } from '@ckpt-gym/coordinator-cli';
 
 import { Collection, taskKey, weatherTasks } from './collect-kit.js';
-import { closeAll, Deployment, scenario, until } from './support/deployment.js';
+import { until } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
 
 afterEach(closeAll);
 
@@ -41,6 +43,7 @@ scenario('timer checkpoints: LATEST names the newest, the two newest are kept', 
   await until(
     () => (run.output().match(/published \(LATEST\)/g) ?? []).length >= 3,
     '3 checkpoints',
+    30_000,
   );
   await dep.backend('/_ctl/release', {});
   expect(await run.exited).toBe(0);
@@ -157,7 +160,7 @@ scenario(
     const run = npx([...col.args(), ...config]);
     try {
       await dep.waitForCalls(2 * KEYS.length);
-      await until(() => col.dir().readPid() !== undefined, 'the collector pid');
+      await until(() => col.dir().readPid() !== undefined, 'the collector pid', 30_000);
       const pid = col.dir().readPid()!;
       expect(pid).not.toBe(run.child.pid);
 
@@ -174,9 +177,9 @@ scenario(
         60_000,
       );
       expect(col.published()).toHaveLength(2);
-      await until(() => !processAlive(pid), 'the collector to exit');
+      await until(() => !processAlive(pid), 'the collector to exit', 30_000);
       // Its last words (exit 75), still on the pipe npm handed it.
-      await until(() => /stopped after checkpoint ckpt-/.test(run.output()), 'the stop summary');
+      await until(() => /stopped after checkpoint ckpt-/.test(run.output()), 'the stop summary', 30_000);
     } finally {
       try {
         process.kill(-run.child.pid!, 'SIGKILL');
