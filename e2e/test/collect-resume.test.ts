@@ -179,7 +179,11 @@ scenario(
       expect(col.published()).toHaveLength(2);
       await until(() => !processAlive(pid), 'the collector to exit', 30_000);
       // Its last words (exit 75), still on the pipe npm handed it.
-      await until(() => /stopped after checkpoint ckpt-/.test(run.output()), 'the stop summary', 30_000);
+      await until(
+        () => /stopped after checkpoint ckpt-/.test(run.output()),
+        'the stop summary',
+        30_000,
+      );
     } finally {
       try {
         process.kill(-run.child.pid!, 'SIGKILL');
