@@ -359,6 +359,8 @@ function validEpisode(value: unknown, where = ''): EpisodeId {
 const WRITE_BATCH_BYTES = 1 << 20;
 /** Characters joined before one UTF-8 write into the buffer (×3 stays well under a batch). */
 const PENDING_CHARS = 1 << 16;
+/** Characters below which a buffer's rest is not worth filling with a slice of a longer text. */
+const MIN_SLICE_CHARS = 1 << 12;
 /** Batches being written while the next is filled. */
 const WRITES_IN_FLIGHT = 3;
 
@@ -402,17 +404,27 @@ class BatchedFileWriter implements TextSink {
     return this.#inFlight.length > WRITES_IN_FLIGHT || this.#failure !== undefined;
   }
 
+  /**
+   * Encodes the pending text into the reused buffers, a buffer's worth at a time: a piece larger
+   * than a buffer (a pre-encoded session of hundreds of KB) is sliced (O(1) in V8), never copied
+   * into a fresh Buffer of its own.
+   */
   #flushPending(): void {
     const text = this.#pending;
     this.#pending = '';
-    // 3 bytes per UTF-16 unit bounds the UTF-8 size, so text known to fit is never cut.
-    const bound = text.length * 3;
-    if (this.#used + bound > this.#buffer.length) this.#submitCurrent();
-    if (bound > this.#buffer.length) {
-      this.#submit(Buffer.from(text, 'utf8'));
-      return;
+    for (let start = 0; start < text.length;) {
+      // 3 bytes per UTF-16 unit bounds the UTF-8 size, so text known to fit is never cut.
+      const fits = Math.floor((this.#buffer.length - this.#used) / 3);
+      if (fits < text.length - start && fits < MIN_SLICE_CHARS) {
+        this.#submitCurrent();
+        continue;
+      }
+      let end = Math.min(text.length, start + fits);
+      if (end < text.length && isHighSurrogate(text.charCodeAt(end - 1))) end -= 1;
+      const slice = start === 0 && end === text.length ? text : text.slice(start, end);
+      this.#used += this.#buffer.write(slice, this.#used);
+      start = end;
     }
-    this.#used += this.#buffer.write(text, this.#used);
   }
 
   /** Waits while too many writes are in flight; throws a write's failure. */
@@ -460,6 +472,10 @@ class BatchedFileWriter implements TextSink {
   #throwIfFailed(): void {
     if (this.#failure !== undefined) throw this.#failure;
   }
+}
+
+function isHighSurrogate(unit: number): boolean {
+  return unit >= 0xd800 && unit <= 0xdbff;
 }
 
 async function writeAll(handle: FileHandle, bytes: Buffer, position: number): Promise<void> {
@@ -563,13 +579,106 @@ export interface ReadParticipantStateOptions<R> {
   signingKey?: Uint8Array;
 }
 
+/** `readRawParticipantState`'s options: `validate` is given each in-scope record undecoded. */
+export interface ReadRawParticipantStateOptions<R> extends Omit<
+  ReadParticipantStateOptions<R>,
+  'validate'
+> {
+  validate: (record: RawRecord, key: string) => R;
+}
+
+/**
+ * A record read back without decoding its payload (`validateRaw`). The file it came from was
+ * verified whole (manifest, digest, count, every episode once); a payload that is not JSON is
+ * found only by `decode()`, which throws `invalid_checkpoint_state` naming the episode.
+ */
+export interface RawRecord {
+  readonly episode_id: EpisodeId;
+  /** The record's line (UTF-8 JSON, `episode_id` first as the store writes it), without `\n`. */
+  readonly bytes: Buffer;
+  /** The whole record as `validate` would have received it; decoded once. */
+  decode(): JsonObject;
+}
+
+class LazyRecord implements RawRecord {
+  #decoded: JsonObject | undefined;
+
+  constructor(
+    readonly episode_id: EpisodeId,
+    readonly bytes: Buffer,
+    private readonly key: string,
+    decoded: JsonObject | undefined,
+  ) {
+    this.#decoded = decoded;
+  }
+
+  decode(): JsonObject {
+    this.#decoded ??= decodeRawRecord(this.bytes, this.key);
+    return this.#decoded;
+  }
+}
+
+function decodeRawRecord(bytes: Buffer, key: string): JsonObject {
+  let value: JsonValue;
+  try {
+    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
+    value = decodeJsonPieces(bytes);
+  } catch (err) {
+    throw new CheckpointStateError(
+      `checkpoint record of episode '${key}' is not JSON: ${describe(err)}`,
+      { cause: err },
+    );
+  }
+  if (!isJsonObject(value)) {
+    throw new CheckpointStateError(`checkpoint record of episode '${key}' is not a JSON object`);
+  }
+  return value;
+}
+
 /**
  * Reads a participant's state in one streaming pass: checks the manifest, then hashes and counts
  * the whole records file while decoding and validating only the records in scope. Per-line
  * problems are reported before a digest or count mismatch, as the file is read.
  */
-export async function readParticipantState<R>(
+export function readParticipantState<R>(
   opts: ReadParticipantStateOptions<R>,
+): Promise<{ manifest: Manifest; records: R[] }> {
+  return readState(opts, true, (_line, record, _episode, key) =>
+    opts.validate(record as JsonObject, key),
+  );
+}
+
+/**
+ * `readParticipantState` that decodes on use: everything the restore protocol checks is verified
+ * before it resolves (manifest, digest, record count, every record's episode once, the scope), as
+ * there, but an in-scope record whose line starts with its episode (as this store and Python write
+ * it) is not decoded: `validate` gets it as a `RawRecord`, whose `decode()` decodes it then.
+ */
+export function readRawParticipantState<R>(
+  opts: ReadRawParticipantStateOptions<R>,
+): Promise<{ manifest: Manifest; records: R[] }> {
+  return readState(opts, false, (line, record, episode, key) => {
+    // Copied out: the read buffers are reused for the next chunks.
+    const bytes = Buffer.from(line.bytes.subarray(line.start, line.end));
+    return opts.validate(new LazyRecord(episode, bytes, key, record), key);
+  });
+}
+
+/**
+ * Turns an in-scope line into a record; `record` is the line decoded (always when the read decodes
+ * every in-scope record, else only when finding its episode took it).
+ */
+type TakeRecord<R> = (
+  line: Line,
+  record: JsonObject | undefined,
+  episode: EpisodeId,
+  key: string,
+) => R;
+
+async function readState<R>(
+  opts: Omit<ReadParticipantStateOptions<R>, 'validate'>,
+  decodeInScope: boolean,
+  take: TakeRecord<R>,
 ): Promise<{ manifest: Manifest; records: R[] }> {
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
   const manifestPath = join(dir, MANIFEST_FILE);
@@ -586,7 +695,10 @@ export async function readParticipantState<R>(
     const records: R[] = [];
     const lineOf = new Map<string, number>(); // every episode's line: one record per episode
     const { digest, count } = await scanRecordsFile(recordsPath, manifest, (line) => {
-      const record = readRecord(line, recordsPath, lineOf, opts.select, opts.validate);
+      const record = readRecord(line, recordsPath, lineOf, opts.select, {
+        decodeInScope,
+        take,
+      });
       if (record !== SKIPPED) records.push(record);
     });
     if (digest !== manifest.records_sha256) {
@@ -775,13 +887,13 @@ function duplicateKey(text: string): string | undefined {
 
 const SKIPPED = Symbol('out of scope');
 
-/** One line of the records file: its episode for every record, the validated record in scope. */
+/** One line of the records file: its episode for every record, the record taken when in scope. */
 function readRecord<R>(
   line: Line,
   recordsPath: string,
   lineOf: Map<string, number>,
   select: (key: string, episode: EpisodeId) => boolean,
-  validate: (record: JsonObject, key: string) => R,
+  how: { decodeInScope: boolean; take: TakeRecord<R> },
 ): R | typeof SKIPPED {
   let record: JsonValue | undefined;
   let episodeValue: unknown = episodeFromPrefix(line.bytes, line.start, line.end);
@@ -799,9 +911,10 @@ function readRecord<R>(
   }
   lineOf.set(key, line.number);
   if (!select(key, episode)) return SKIPPED;
-  record ??= decodeLine(line, recordsPath);
+  if (how.decodeInScope) record ??= decodeLine(line, recordsPath);
   try {
-    return validate(record as JsonObject, key);
+    // A record decoded by now is an object: it held a valid episode_id.
+    return how.take(line, record as JsonObject | undefined, episode, key);
   } catch (err) {
     throw new CheckpointStateError(
       `checkpoint record of episode '${key}' is invalid: ${describe(err)}`,
