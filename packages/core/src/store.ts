@@ -56,6 +56,9 @@ export const MAX_RECORDS_BYTES = 64 * 2 ** 30;
  * order: a participant that encoded what it exports before the commit (a boundary's JSON, taken
  * when the boundary was recorded) spares the commit that work. The pieces must be exactly what
  * `encodeJson` writes for those fields; the record's own fields are then not read by the store.
+ * A piece may be that text's UTF-8 bytes (a message encoded once when it was added), which the
+ * commit hashes and writes as they are, large ones without a copy: they must not change until
+ * the commit resolves.
  */
 export const RECORD_FIELDS_JSON: unique symbol = Symbol.for(
   '@ckpt-gym/core/store.recordFieldsJson',
@@ -64,7 +67,7 @@ export const RECORD_FIELDS_JSON: unique symbol = Symbol.for(
 /** One episode's state as a participant exports it; `episode_id` is written first. */
 export interface CheckpointRecord {
   episode_id: EpisodeId;
-  [RECORD_FIELDS_JSON]?: readonly string[];
+  [RECORD_FIELDS_JSON]?: readonly (string | Uint8Array)[];
   [field: string]: unknown;
 }
 
@@ -320,7 +323,10 @@ function writeRecordLine(record: CheckpointRecord, out: BatchedFileWriter): void
     // A valid rollout id needs no escaping and an attempt is a safe integer.
     out.put(`{"episode_id":{"rollout_id":"${episode.rollout_id}","attempt":${episode.attempt}}`);
     if (encoded.length > 0) out.put(',');
-    for (const piece of encoded) out.put(piece);
+    for (const piece of encoded) {
+      if (typeof piece === 'string') out.put(piece);
+      else out.putBytes(piece);
+    }
     out.put('}\n');
     return;
   }
@@ -361,6 +367,8 @@ const WRITE_BATCH_BYTES = 1 << 20;
 const PENDING_CHARS = 1 << 16;
 /** Characters below which a buffer's rest is not worth filling with a slice of a longer text. */
 const MIN_SLICE_CHARS = 1 << 12;
+/** Encoded bytes at least this long that do not fit the current buffer are written, not copied. */
+const MIN_DIRECT_BYTES = 1 << 16;
 /** Batches being written while the next is filled. */
 const WRITES_IN_FLIGHT = 3;
 
@@ -392,6 +400,24 @@ class BatchedFileWriter implements TextSink {
   put(text: string): void {
     this.#pending += text;
     if (this.#pending.length >= PENDING_CHARS) this.#flushPending();
+  }
+
+  /**
+   * Appends bytes already encoded: a small piece is copied into the current buffer, a large one
+   * is hashed and written as it is (its own write, after what is buffered).
+   */
+  putBytes(bytes: Uint8Array): void {
+    if (this.#pending.length > 0) this.#flushPending();
+    if (bytes.length > this.#buffer.length - this.#used) {
+      if (bytes.length >= MIN_DIRECT_BYTES) {
+        this.#submitCurrent();
+        this.#submit(bytes);
+        return;
+      }
+      this.#submitCurrent();
+    }
+    this.#buffer.set(bytes, this.#used);
+    this.#used += bytes.length;
   }
 
   /** Bytes submitted so far: the file's size once `finish()` resolves. */
@@ -452,7 +478,7 @@ class BatchedFileWriter implements TextSink {
   }
 
   /** Hashes `bytes` and starts writing them; `reuse` is the buffer to recycle once written. */
-  #submit(bytes: Buffer, reuse?: Buffer): void {
+  #submit(bytes: Uint8Array, reuse?: Buffer): void {
     this.#throwIfFailed();
     this.#hash.update(bytes);
     const position = this.#position;
@@ -478,7 +504,7 @@ function isHighSurrogate(unit: number): boolean {
   return unit >= 0xd800 && unit <= 0xdbff;
 }
 
-async function writeAll(handle: FileHandle, bytes: Buffer, position: number): Promise<void> {
+async function writeAll(handle: FileHandle, bytes: Uint8Array, position: number): Promise<void> {
   let offset = 0;
   while (offset < bytes.length) {
     const { bytesWritten } = await handle.write(

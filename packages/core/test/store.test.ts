@@ -285,6 +285,60 @@ describe('fields encoded ahead', () => {
     );
   });
 
+  test('property: pieces given as UTF-8 bytes, small or large, mixed with text, write the same bytes', async () => {
+    const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
+    // Some values long enough for a piece to be written directly rather than copied.
+    const long = fc.string({ unit: 'grapheme', minLength: 20_000, maxLength: 60_000 });
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.dictionary(key, fc.oneof(jsonish, long), { minKeys: 1, maxKeys: 4 }),
+        fc.array(fc.boolean(), { minLength: 4, maxLength: 4 }),
+        async (fields, asBytes) => {
+          const pieces = Object.entries(fields).map(([k, v], i) => {
+            const text = `${i > 0 ? ',' : ''}${JSON.stringify(k)}:${encodeJson(v)}`;
+            return asBytes[i] ? Buffer.from(text) : text;
+          });
+          run += 1;
+          const plain = await write([record('r', 0, fields), record('s')], {
+            checkpointDir: join(root, `a${run}`),
+          });
+          const ahead: CheckpointRecord = {
+            episode_id: episodeId('r'),
+            [RECORD_FIELDS_JSON]: pieces,
+          };
+          const pre = await write([ahead, record('s')], { checkpointDir: join(root, `b${run}`) });
+          expect(pre.records_sha256).toBe(plain.records_sha256);
+          expect(pre.records_bytes).toBe(plain.records_bytes);
+        },
+      ),
+      { numRuns: 25 },
+    );
+  });
+
+  test('byte pieces are written as they are, never decoded and encoded again', async () => {
+    // Not UTF-8, so any round trip through a string would change them (to U+FFFD).
+    const raw = (size: number) =>
+      Buffer.concat([Buffer.from('"b":"'), Buffer.alloc(size, 0xff), Buffer.from('"')]);
+    for (const size of [10, 200_000]) {
+      const ahead: CheckpointRecord = {
+        episode_id: episodeId('r'),
+        [RECORD_FIELDS_JSON]: [raw(size)],
+      };
+      const manifest = await write([ahead], { checkpointDir: join(root, `${size}`) });
+      const path = join(
+        participantDir(join(root, `${size}`), KIND, INSTANCE),
+        manifest.records_file,
+      );
+      const expected = Buffer.concat([
+        Buffer.from('{"episode_id":{"rollout_id":"r","attempt":0},'),
+        raw(size),
+        Buffer.from('}\n'),
+      ]);
+      expect((await readFile(path)).equals(expected)).toBe(true);
+    }
+  });
+
   test('a piece longer than a write buffer is written through the buffers, exactly, surrogate pairs whole', async () => {
     // Over 1 MB of UTF-8 in one piece, with two- and four-byte characters across every slice.
     const long = `"s":${JSON.stringify('ab🙂é'.repeat(400_000))}`;
