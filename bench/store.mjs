@@ -14,24 +14,16 @@
 // reboot reads the disk. "First touch of fresh memory" is a floor for any restore that keeps its
 // records: on some VMs new pages are expensive, and the restored records are new memory.
 import { createHash } from 'node:crypto';
-import {
-  closeSync,
-  fsyncSync,
-  mkdirSync,
-  openSync,
-  readSync,
-  rmSync,
-  writeFileSync,
-  writeSync,
-} from 'node:fs';
+import { closeSync, fsyncSync, openSync, readSync, rmSync, writeSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
+import { writeResult } from './lib/results.mjs';
 import {
   readParticipantState,
   readRawParticipantState,
@@ -373,35 +365,18 @@ try {
   );
 
   const out = resolve(dirname(fileURLToPath(import.meta.url)), 'results', 'store.json');
-  mkdirSync(dirname(out), { recursive: true });
-  writeFileSync(
-    out,
-    `${JSON.stringify(
-      {
-        benchmark: 'store',
-        date: new Date().toISOString(),
-        load_average: { start: loadStart, end: loadavg() },
-        machine: {
-          cpus: cpus().length,
-          cpu: cpus()[0]?.model,
-          memory_gib: totalmem() / 2 ** 30,
-          node: process.version,
-        },
-        params: {
-          records: RECORDS,
-          size_kb: SIZE_KB,
-          special: flags.special,
-          repeats: REPEATS,
-          bytes: total,
-        },
-        rows,
-        ratios,
-        targets: { commit_seconds: 1.0, restore_seconds: 1.0 },
-      },
-      null,
-      2,
-    )}\n`,
-  );
+  writeResult(out, 'store', loadStart, {
+    params: {
+      records: RECORDS,
+      size_kb: SIZE_KB,
+      special: flags.special,
+      repeats: REPEATS,
+      bytes: total,
+    },
+    rows,
+    ratios,
+    targets: { commit_seconds: 1.0, restore_seconds: 1.0 },
+  });
   console.log(`\nwrote ${out}`);
 } finally {
   await rm(root, { recursive: true, force: true });
