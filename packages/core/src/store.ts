@@ -31,7 +31,7 @@ import {
   type JsonObject,
   type JsonValue,
 } from './json.js';
-import { decodeJsonPieces, encodeJsonPieces, type TextSink } from './json-pieces.js';
+import { decodeJsonPieces, encodeJsonPieces, objectMembers, type TextSink } from './json-pieces.js';
 import { Mutex } from './mutex.js';
 import { signed, verifyManifestMac } from './signing.js';
 
@@ -624,10 +624,17 @@ export interface RawRecord {
   readonly bytes: Buffer;
   /** The whole record as `validate` would have received it; decoded once. */
   decode(): JsonObject;
+  /**
+   * One top-level field decoded alone (undefined when the record has none), the others left as
+   * bytes: an install can read the small fields it needs now and keep the payload for later.
+   */
+  field(name: string): JsonValue | undefined;
 }
 
 class LazyRecord implements RawRecord {
   #decoded: JsonObject | undefined;
+  #members: Map<string, { start: number; end: number }> | undefined;
+  readonly #fields = new Map<string, JsonValue>();
 
   constructor(
     readonly episode_id: EpisodeId,
@@ -642,19 +649,48 @@ class LazyRecord implements RawRecord {
     this.#decoded ??= decodeRawRecord(this.bytes, this.key);
     return this.#decoded;
   }
+
+  field(name: string): JsonValue | undefined {
+    if (this.#decoded !== undefined) {
+      return Object.hasOwn(this.#decoded, name) ? this.#decoded[name] : undefined;
+    }
+    this.#members ??= recordMembers(this.bytes, this.key);
+    const member = this.#members.get(name);
+    if (member === undefined) return undefined;
+    let value = this.#fields.get(name);
+    if (value === undefined) {
+      value = attempt(this.key, () => decodeJsonPieces(this.bytes, member.start, member.end));
+      this.#fields.set(name, value);
+    }
+    return value;
+  }
 }
 
-function decodeRawRecord(bytes: Buffer, key: string): JsonObject {
-  let value: JsonValue;
+/** Runs a decode of episode `key`'s record; its failure is a typed error naming the episode. */
+function attempt<T>(key: string, decode: () => T): T {
   try {
-    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
-    value = decodeJsonPieces(bytes);
+    return decode();
   } catch (err) {
     throw new CheckpointStateError(
       `checkpoint record of episode '${key}' is not JSON: ${describe(err)}`,
       { cause: err },
     );
   }
+}
+
+/** Where each top-level field's value lies in a record's bytes (a repeated key: the last). */
+function recordMembers(bytes: Buffer, key: string): Map<string, { start: number; end: number }> {
+  return attempt(key, () => {
+    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
+    return new Map(objectMembers(bytes).map((m) => [m.key, { start: m.start, end: m.end }]));
+  });
+}
+
+function decodeRawRecord(bytes: Buffer, key: string): JsonObject {
+  const value = attempt(key, () => {
+    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
+    return decodeJsonPieces(bytes);
+  });
   if (!isJsonObject(value)) {
     throw new CheckpointStateError(`checkpoint record of episode '${key}' is not a JSON object`);
   }

@@ -932,6 +932,46 @@ describe('decoding on use (readRawParticipantState)', () => {
     );
   });
 
+  test('field() decodes one top-level field alone: a broken payload leaves the small fields readable', async () => {
+    // The payload's brackets match, so its end is found; its text is not JSON.
+    await handWritten([line('r', 1, ',"session_key":"k1","session":{"m": [not JSON]},"n":[1, 2]')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.field('session_key')).toBe('k1');
+    expect(raw.field('n')).toEqual([1, 2]);
+    expect(raw.field('absent')).toBeUndefined();
+    expect(() => raw.field('session')).toThrow(/checkpoint record of episode 'r-a1' is not JSON/);
+    expect(() => raw.decode()).toThrow(CheckpointStateError);
+  });
+
+  test('property: field(k) is decode()[k] for every field, before or after decode()', async () => {
+    const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(fc.dictionary(key, jsonish, { maxKeys: 5 }), async (fields) => {
+        run += 1;
+        const checkpointDir = join(root, `p${run}`);
+        await write([record('r', 0, fields)], { checkpointDir });
+        const read = () =>
+          readRawParticipantState<RawRecord>({
+            checkpointDir,
+            kind: KIND,
+            instance: INSTANCE,
+            select: () => true,
+            validate: (r) => r,
+          });
+        const [lazy] = (await read()).records as [RawRecord];
+        const [eager] = (await read()).records as [RawRecord];
+        const whole = eager.decode();
+        for (const k of Object.keys(whole)) {
+          expect(lazy.field(k)).toEqual(whole[k]);
+          expect(eager.field(k)).toEqual(whole[k]);
+        }
+        expect(lazy.decode()).toEqual(whole);
+      }),
+      { numRuns: 40 },
+    );
+  });
+
   test('bytes that are not UTF-8 are refused by decode(), not read as replacement characters', async () => {
     await handWritten(
       Buffer.concat([
