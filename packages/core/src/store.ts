@@ -629,6 +629,8 @@ export interface RawRecord {
    * bytes: an install can read the small fields it needs now and keep the payload for later.
    */
   field(name: string): JsonValue | undefined;
+  /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
+  fieldNames(): string[];
 }
 
 class LazyRecord implements RawRecord {
@@ -648,6 +650,11 @@ class LazyRecord implements RawRecord {
   decode(): JsonObject {
     this.#decoded ??= decodeRawRecord(this.bytes, this.key);
     return this.#decoded;
+  }
+
+  fieldNames(): string[] {
+    this.#members ??= recordMembers(this.bytes, this.key);
+    return [...this.#members.keys()];
   }
 
   field(name: string): JsonValue | undefined {

@@ -939,6 +939,7 @@ describe('decoding on use (readRawParticipantState)', () => {
     expect(raw.field('session_key')).toBe('k1');
     expect(raw.field('n')).toEqual([1, 2]);
     expect(raw.field('absent')).toBeUndefined();
+    expect(raw.fieldNames()).toEqual(['episode_id', 'session_key', 'session', 'n']);
     expect(() => raw.field('session')).toThrow(/checkpoint record of episode 'r-a1' is not JSON/);
     expect(() => raw.decode()).toThrow(CheckpointStateError);
   });
@@ -962,6 +963,7 @@ describe('decoding on use (readRawParticipantState)', () => {
         const [lazy] = (await read()).records as [RawRecord];
         const [eager] = (await read()).records as [RawRecord];
         const whole = eager.decode();
+        expect(lazy.fieldNames()).toEqual(Object.keys(whole));
         for (const k of Object.keys(whole)) {
           expect(lazy.field(k)).toEqual(whole[k]);
           expect(eager.field(k)).toEqual(whole[k]);
