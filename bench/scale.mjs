@@ -32,6 +32,7 @@ import {
 } from '@ckpt-gym/core';
 
 import { restoreFloor } from './lib/floor.mjs';
+import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';
 
 const { values: flags } = parseArgs({
   options: {
@@ -66,21 +67,6 @@ servers:
 `;
 }
 
-function episodeBody(rolloutId, attempt) {
-  return {
-    episode_id: { rollout_id: rolloutId, attempt },
-    task: {
-      task_id: { taskset: 'scale', task_id: 'weather-sf' },
-      task_input: {
-        responses_create_params: {
-          input: [{ role: 'user', content: 'What is the weather in San Francisco?' }],
-        },
-        task_data: {},
-      },
-    },
-  };
-}
-
 function bytesUnder(dir) {
   let total = 0;
   let entries;
@@ -94,38 +80,6 @@ function bytesUnder(dir) {
     total += entry.isDirectory() ? bytesUnder(path) : statSync(path).size;
   }
   return total;
-}
-
-/**
- * CPU time (ms) of each gym server process so far, from /proc (Linux): `total` (user + system) and
- * `kernel` (system only).
- */
-function serverCpuMs(handle) {
-  const cpu = { total: {}, kernel: {} };
-  for (const server of handle.servers.values()) {
-    if (server.kind === 'inference') continue;
-    try {
-      // Fields after the command name: state is 3rd, utime 14th and stime 15th of the whole line.
-      const fields = readFileSync(`/proc/${server.pid}/stat`, 'utf8').split(') ')[1].split(' ');
-      const [user, system] = [Number(fields[11]), Number(fields[12])];
-      cpu.total[server.name] = ((user + system) * 1000) / 100;
-      cpu.kernel[server.name] = (system * 1000) / 100;
-    } catch {
-      // Not Linux, or the process is gone.
-    }
-  }
-  return cpu;
-}
-
-/** Per server, and in all, what `to` adds to `from`. */
-function difference(from, to) {
-  const spent = Object.fromEntries(
-    Object.keys(to)
-      .filter((name) => name in from)
-      .map((name) => [name, Math.round(to[name] - from[name])]),
-  );
-  spent.all = Object.values(spent).reduce((a, b) => a + b, 0);
-  return spent;
 }
 
 /**

@@ -219,6 +219,29 @@ export function decodeJsonPieces(
   return new PieceDecoder(bytes, start, pieceBytes).decode(first, stop, 0);
 }
 
+/** A member of an object's text: its key and where its value's text lies. */
+export interface ObjectMember {
+  /** The key as written (quoted, escapes as in the text). */
+  keyText: string;
+  key: string;
+  start: number;
+  end: number;
+}
+
+/**
+ * The members of the UTF-8 JSON object text in `bytes[start, end)` (whitespace around it
+ * allowed), values located but not decoded: a record's fields can then be decoded one by one.
+ * Throws `JsonDecodeError` where the text is not an object; a value's own text is checked only
+ * when it is decoded (`decodeJsonPieces` of its range).
+ */
+export function objectMembers(bytes: Buffer, start = 0, end = bytes.length): ObjectMember[] {
+  let first = start;
+  let stop = end;
+  while (first < stop && isWhitespace(bytes[first])) first++;
+  while (stop > first && isWhitespace(bytes[stop - 1])) stop--;
+  return new PieceDecoder(bytes, start, DECODE_PIECE_BYTES).members(first, stop);
+}
+
 interface Member {
   key: string;
   start: number;
@@ -298,17 +321,7 @@ class PieceDecoder {
     const skeleton: string[] = [];
     let skeletonBytes = 0;
     const deferred = new Map<string, Member>(); // by key: a later duplicate replaces the value
-    let pos = this.skipWhitespace(start + 1, stop);
-    if (this.bytes[pos] === CLOSE_BRACE) return this.closed(pos, stop, {});
-    for (;;) {
-      if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
-      const keyEnd = this.stringEnd(pos, stop);
-      const keyText = this.bytes.toString('utf8', pos, keyEnd);
-      const key = this.keyOf(keyText, pos);
-      pos = this.skipWhitespace(keyEnd, stop);
-      if (this.bytes[pos] !== COLON) throw this.error("expected ':'", pos);
-      const valueStart = this.skipWhitespace(pos + 1, stop);
-      const valueEnd = this.valueEnd(valueStart, stop);
+    for (const { keyText, key, start: valueStart, end: valueEnd } of this.members(start, stop)) {
       const size = valueEnd - valueStart;
       deferred.delete(key);
       if (size + skeletonBytes <= this.pieceBytes) {
@@ -320,15 +333,8 @@ class PieceDecoder {
         const split = size > this.pieceBytes && this.isContainer(valueStart);
         deferred.set(key, { key, start: valueStart, end: valueEnd, split });
       }
-      pos = this.skipWhitespace(valueEnd, stop);
-      if (this.bytes[pos] === COMMA) {
-        pos = this.skipWhitespace(pos + 1, stop);
-        continue;
-      }
-      if (this.bytes[pos] === CLOSE_BRACE) break;
-      throw this.error("expected ',' or '}'", pos);
     }
-    this.closed(pos, stop, null);
+    if (skeleton.length === 0) return {};
     const object = decodeJson(`{${skeleton.join(',')}}`) as JsonObject;
     for (const member of deferred.values()) {
       // Assignment keeps the key's place, and writes an own `__proto__` the codec created.
@@ -337,6 +343,33 @@ class PieceDecoder {
         : this.decodeText(member.start, member.end, '', '');
     }
     return object;
+  }
+
+  /** The members of the object that is exactly `[start, stop)`, in order, values not decoded. */
+  members(start: number, stop: number): ObjectMember[] {
+    const members: ObjectMember[] = [];
+    if (this.bytes[start] !== OPEN_BRACE) throw this.error('expected an object', start);
+    let pos = this.skipWhitespace(start + 1, stop);
+    if (this.bytes[pos] === CLOSE_BRACE) return this.closed(pos, stop, members);
+    for (;;) {
+      if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
+      const keyEnd = this.stringEnd(pos, stop);
+      const keyText = this.bytes.toString('utf8', pos, keyEnd);
+      const key = this.keyOf(keyText, pos);
+      pos = this.skipWhitespace(keyEnd, stop);
+      if (this.bytes[pos] !== COLON) throw this.error("expected ':'", pos);
+      const valueStart = this.skipWhitespace(pos + 1, stop);
+      const valueEnd = this.valueEnd(valueStart, stop);
+      members.push({ keyText, key, start: valueStart, end: valueEnd });
+      pos = this.skipWhitespace(valueEnd, stop);
+      if (this.bytes[pos] === COMMA) {
+        pos = this.skipWhitespace(pos + 1, stop);
+        continue;
+      }
+      if (this.bytes[pos] === CLOSE_BRACE) break;
+      throw this.error("expected ',' or '}'", pos);
+    }
+    return this.closed(pos, stop, members);
   }
 
   /** A key as the codec reads it (validating its escapes). */

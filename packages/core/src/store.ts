@@ -31,7 +31,7 @@ import {
   type JsonObject,
   type JsonValue,
 } from './json.js';
-import { decodeJsonPieces, encodeJsonPieces, type TextSink } from './json-pieces.js';
+import { decodeJsonPieces, encodeJsonPieces, objectMembers, type TextSink } from './json-pieces.js';
 import { Mutex } from './mutex.js';
 import { signed, verifyManifestMac } from './signing.js';
 
@@ -56,6 +56,9 @@ export const MAX_RECORDS_BYTES = 64 * 2 ** 30;
  * order: a participant that encoded what it exports before the commit (a boundary's JSON, taken
  * when the boundary was recorded) spares the commit that work. The pieces must be exactly what
  * `encodeJson` writes for those fields; the record's own fields are then not read by the store.
+ * A piece may be that text's UTF-8 bytes (a message encoded once when it was added), which the
+ * commit hashes and writes as they are, large ones without a copy: they must not change until
+ * the commit resolves.
  */
 export const RECORD_FIELDS_JSON: unique symbol = Symbol.for(
   '@ckpt-gym/core/store.recordFieldsJson',
@@ -64,7 +67,7 @@ export const RECORD_FIELDS_JSON: unique symbol = Symbol.for(
 /** One episode's state as a participant exports it; `episode_id` is written first. */
 export interface CheckpointRecord {
   episode_id: EpisodeId;
-  [RECORD_FIELDS_JSON]?: readonly string[];
+  [RECORD_FIELDS_JSON]?: readonly (string | Uint8Array)[];
   [field: string]: unknown;
 }
 
@@ -320,7 +323,10 @@ function writeRecordLine(record: CheckpointRecord, out: BatchedFileWriter): void
     // A valid rollout id needs no escaping and an attempt is a safe integer.
     out.put(`{"episode_id":{"rollout_id":"${episode.rollout_id}","attempt":${episode.attempt}}`);
     if (encoded.length > 0) out.put(',');
-    for (const piece of encoded) out.put(piece);
+    for (const piece of encoded) {
+      if (typeof piece === 'string') out.put(piece);
+      else out.putBytes(piece);
+    }
     out.put('}\n');
     return;
   }
@@ -359,6 +365,10 @@ function validEpisode(value: unknown, where = ''): EpisodeId {
 const WRITE_BATCH_BYTES = 1 << 20;
 /** Characters joined before one UTF-8 write into the buffer (×3 stays well under a batch). */
 const PENDING_CHARS = 1 << 16;
+/** Characters below which a buffer's rest is not worth filling with a slice of a longer text. */
+const MIN_SLICE_CHARS = 1 << 12;
+/** Encoded bytes at least this long that do not fit the current buffer are written, not copied. */
+const MIN_DIRECT_BYTES = 1 << 16;
 /** Batches being written while the next is filled. */
 const WRITES_IN_FLIGHT = 3;
 
@@ -392,6 +402,24 @@ class BatchedFileWriter implements TextSink {
     if (this.#pending.length >= PENDING_CHARS) this.#flushPending();
   }
 
+  /**
+   * Appends bytes already encoded: a small piece is copied into the current buffer, a large one
+   * is hashed and written as it is (its own write, after what is buffered).
+   */
+  putBytes(bytes: Uint8Array): void {
+    if (this.#pending.length > 0) this.#flushPending();
+    if (bytes.length > this.#buffer.length - this.#used) {
+      if (bytes.length >= MIN_DIRECT_BYTES) {
+        this.#submitCurrent();
+        this.#submit(bytes);
+        return;
+      }
+      this.#submitCurrent();
+    }
+    this.#buffer.set(bytes, this.#used);
+    this.#used += bytes.length;
+  }
+
   /** Bytes submitted so far: the file's size once `finish()` resolves. */
   get bytesWritten(): number {
     return this.#position;
@@ -402,17 +430,27 @@ class BatchedFileWriter implements TextSink {
     return this.#inFlight.length > WRITES_IN_FLIGHT || this.#failure !== undefined;
   }
 
+  /**
+   * Encodes the pending text into the reused buffers, a buffer's worth at a time: a piece larger
+   * than a buffer (a pre-encoded session of hundreds of KB) is sliced (O(1) in V8), never copied
+   * into a fresh Buffer of its own.
+   */
   #flushPending(): void {
     const text = this.#pending;
     this.#pending = '';
-    // 3 bytes per UTF-16 unit bounds the UTF-8 size, so text known to fit is never cut.
-    const bound = text.length * 3;
-    if (this.#used + bound > this.#buffer.length) this.#submitCurrent();
-    if (bound > this.#buffer.length) {
-      this.#submit(Buffer.from(text, 'utf8'));
-      return;
+    for (let start = 0; start < text.length;) {
+      // 3 bytes per UTF-16 unit bounds the UTF-8 size, so text known to fit is never cut.
+      const fits = Math.floor((this.#buffer.length - this.#used) / 3);
+      if (fits < text.length - start && fits < MIN_SLICE_CHARS) {
+        this.#submitCurrent();
+        continue;
+      }
+      let end = Math.min(text.length, start + fits);
+      if (end < text.length && isHighSurrogate(text.charCodeAt(end - 1))) end -= 1;
+      const slice = start === 0 && end === text.length ? text : text.slice(start, end);
+      this.#used += this.#buffer.write(slice, this.#used);
+      start = end;
     }
-    this.#used += this.#buffer.write(text, this.#used);
   }
 
   /** Waits while too many writes are in flight; throws a write's failure. */
@@ -440,7 +478,7 @@ class BatchedFileWriter implements TextSink {
   }
 
   /** Hashes `bytes` and starts writing them; `reuse` is the buffer to recycle once written. */
-  #submit(bytes: Buffer, reuse?: Buffer): void {
+  #submit(bytes: Uint8Array, reuse?: Buffer): void {
     this.#throwIfFailed();
     this.#hash.update(bytes);
     const position = this.#position;
@@ -462,7 +500,11 @@ class BatchedFileWriter implements TextSink {
   }
 }
 
-async function writeAll(handle: FileHandle, bytes: Buffer, position: number): Promise<void> {
+function isHighSurrogate(unit: number): boolean {
+  return unit >= 0xd800 && unit <= 0xdbff;
+}
+
+async function writeAll(handle: FileHandle, bytes: Uint8Array, position: number): Promise<void> {
   let offset = 0;
   while (offset < bytes.length) {
     const { bytesWritten } = await handle.write(
@@ -563,13 +605,149 @@ export interface ReadParticipantStateOptions<R> {
   signingKey?: Uint8Array;
 }
 
+/** `readRawParticipantState`'s options: `validate` is given each in-scope record undecoded. */
+export interface ReadRawParticipantStateOptions<R> extends Omit<
+  ReadParticipantStateOptions<R>,
+  'validate'
+> {
+  validate: (record: RawRecord, key: string) => R;
+}
+
+/**
+ * A record read back without decoding its payload (`validateRaw`). The file it came from was
+ * verified whole (manifest, digest, count, every episode once); a payload that is not JSON is
+ * found only by `decode()`, which throws `invalid_checkpoint_state` naming the episode.
+ */
+export interface RawRecord {
+  readonly episode_id: EpisodeId;
+  /** The record's line (UTF-8 JSON, `episode_id` first as the store writes it), without `\n`. */
+  readonly bytes: Buffer;
+  /** The whole record as `validate` would have received it; decoded once. */
+  decode(): JsonObject;
+  /**
+   * One top-level field decoded alone (undefined when the record has none), the others left as
+   * bytes: an install can read the small fields it needs now and keep the payload for later.
+   */
+  field(name: string): JsonValue | undefined;
+  /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
+  fieldNames(): string[];
+}
+
+class LazyRecord implements RawRecord {
+  #decoded: JsonObject | undefined;
+  #members: Map<string, { start: number; end: number }> | undefined;
+  readonly #fields = new Map<string, JsonValue>();
+
+  constructor(
+    readonly episode_id: EpisodeId,
+    readonly bytes: Buffer,
+    private readonly key: string,
+    decoded: JsonObject | undefined,
+  ) {
+    this.#decoded = decoded;
+  }
+
+  decode(): JsonObject {
+    this.#decoded ??= decodeRawRecord(this.bytes, this.key);
+    return this.#decoded;
+  }
+
+  fieldNames(): string[] {
+    this.#members ??= recordMembers(this.bytes, this.key);
+    return [...this.#members.keys()];
+  }
+
+  field(name: string): JsonValue | undefined {
+    if (this.#decoded !== undefined) {
+      return Object.hasOwn(this.#decoded, name) ? this.#decoded[name] : undefined;
+    }
+    this.#members ??= recordMembers(this.bytes, this.key);
+    const member = this.#members.get(name);
+    if (member === undefined) return undefined;
+    let value = this.#fields.get(name);
+    if (value === undefined) {
+      value = attempt(this.key, () => decodeJsonPieces(this.bytes, member.start, member.end));
+      this.#fields.set(name, value);
+    }
+    return value;
+  }
+}
+
+/** Runs a decode of episode `key`'s record; its failure is a typed error naming the episode. */
+function attempt<T>(key: string, decode: () => T): T {
+  try {
+    return decode();
+  } catch (err) {
+    throw new CheckpointStateError(
+      `checkpoint record of episode '${key}' is not JSON: ${describe(err)}`,
+      { cause: err },
+    );
+  }
+}
+
+/** Where each top-level field's value lies in a record's bytes (a repeated key: the last). */
+function recordMembers(bytes: Buffer, key: string): Map<string, { start: number; end: number }> {
+  return attempt(key, () => {
+    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
+    return new Map(objectMembers(bytes).map((m) => [m.key, { start: m.start, end: m.end }]));
+  });
+}
+
+function decodeRawRecord(bytes: Buffer, key: string): JsonObject {
+  const value = attempt(key, () => {
+    if (!isUtf8(bytes)) throw new Error('it is not UTF-8');
+    return decodeJsonPieces(bytes);
+  });
+  if (!isJsonObject(value)) {
+    throw new CheckpointStateError(`checkpoint record of episode '${key}' is not a JSON object`);
+  }
+  return value;
+}
+
 /**
  * Reads a participant's state in one streaming pass: checks the manifest, then hashes and counts
  * the whole records file while decoding and validating only the records in scope. Per-line
  * problems are reported before a digest or count mismatch, as the file is read.
  */
-export async function readParticipantState<R>(
+export function readParticipantState<R>(
   opts: ReadParticipantStateOptions<R>,
+): Promise<{ manifest: Manifest; records: R[] }> {
+  return readState(opts, true, (_line, record, _episode, key) =>
+    opts.validate(record as JsonObject, key),
+  );
+}
+
+/**
+ * `readParticipantState` that decodes on use: everything the restore protocol checks is verified
+ * before it resolves (manifest, digest, record count, every record's episode once, the scope), as
+ * there, but an in-scope record whose line starts with its episode (as this store and Python write
+ * it) is not decoded: `validate` gets it as a `RawRecord`, whose `decode()` decodes it then.
+ */
+export function readRawParticipantState<R>(
+  opts: ReadRawParticipantStateOptions<R>,
+): Promise<{ manifest: Manifest; records: R[] }> {
+  return readState(opts, false, (line, record, episode, key) => {
+    // Copied out: the read buffers are reused for the next chunks.
+    const bytes = Buffer.from(line.bytes.subarray(line.start, line.end));
+    return opts.validate(new LazyRecord(episode, bytes, key, record), key);
+  });
+}
+
+/**
+ * Turns an in-scope line into a record; `record` is the line decoded (always when the read decodes
+ * every in-scope record, else only when finding its episode took it).
+ */
+type TakeRecord<R> = (
+  line: Line,
+  record: JsonObject | undefined,
+  episode: EpisodeId,
+  key: string,
+) => R;
+
+async function readState<R>(
+  opts: Omit<ReadParticipantStateOptions<R>, 'validate'>,
+  decodeInScope: boolean,
+  take: TakeRecord<R>,
 ): Promise<{ manifest: Manifest; records: R[] }> {
   const dir = participantDir(opts.checkpointDir, opts.kind, opts.instance);
   const manifestPath = join(dir, MANIFEST_FILE);
@@ -586,7 +764,10 @@ export async function readParticipantState<R>(
     const records: R[] = [];
     const lineOf = new Map<string, number>(); // every episode's line: one record per episode
     const { digest, count } = await scanRecordsFile(recordsPath, manifest, (line) => {
-      const record = readRecord(line, recordsPath, lineOf, opts.select, opts.validate);
+      const record = readRecord(line, recordsPath, lineOf, opts.select, {
+        decodeInScope,
+        take,
+      });
       if (record !== SKIPPED) records.push(record);
     });
     if (digest !== manifest.records_sha256) {
@@ -775,13 +956,13 @@ function duplicateKey(text: string): string | undefined {
 
 const SKIPPED = Symbol('out of scope');
 
-/** One line of the records file: its episode for every record, the validated record in scope. */
+/** One line of the records file: its episode for every record, the record taken when in scope. */
 function readRecord<R>(
   line: Line,
   recordsPath: string,
   lineOf: Map<string, number>,
   select: (key: string, episode: EpisodeId) => boolean,
-  validate: (record: JsonObject, key: string) => R,
+  how: { decodeInScope: boolean; take: TakeRecord<R> },
 ): R | typeof SKIPPED {
   let record: JsonValue | undefined;
   let episodeValue: unknown = episodeFromPrefix(line.bytes, line.start, line.end);
@@ -799,9 +980,10 @@ function readRecord<R>(
   }
   lineOf.set(key, line.number);
   if (!select(key, episode)) return SKIPPED;
-  record ??= decodeLine(line, recordsPath);
+  if (how.decodeInScope) record ??= decodeLine(line, recordsPath);
   try {
-    return validate(record as JsonObject, key);
+    // A record decoded by now is an object: it held a valid episode_id.
+    return how.take(line, record as JsonObject | undefined, episode, key);
   } catch (err) {
     throw new CheckpointStateError(
       `checkpoint record of episode '${key}' is invalid: ${describe(err)}`,

@@ -12,17 +12,19 @@ import fc from 'fast-check';
 import { CheckpointStateError } from '../src/errors.js';
 import { parentsUpTo } from '../src/fsync.js';
 import { decodeJsonPieces, encodeJsonPieces } from '../src/json-pieces.js';
-import { episodeId, type EpisodeId } from '../src/identity.js';
+import { captureKey, episodeId, type EpisodeId } from '../src/identity.js';
 import { decodeJson, encodeJson, jsonKeys, type JsonObject, type JsonValue } from '../src/json.js';
 import {
   MANIFEST_FILE,
   participantDir,
   readParticipantState,
+  readRawParticipantState,
   RECORD_FIELDS_JSON,
   WriteStop,
   writeParticipantState,
   type CheckpointRecord,
   type Manifest,
+  type RawRecord,
   type ReadParticipantStateOptions,
 } from '../src/store.js';
 
@@ -281,6 +283,80 @@ describe('fields encoded ahead', () => {
       }),
       { numRuns: 40 },
     );
+  });
+
+  test('property: pieces given as UTF-8 bytes, small or large, mixed with text, write the same bytes', async () => {
+    const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
+    // Some values long enough for a piece to be written directly rather than copied.
+    const long = fc.string({ unit: 'grapheme', minLength: 20_000, maxLength: 60_000 });
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(
+        fc.dictionary(key, fc.oneof(jsonish, long), { minKeys: 1, maxKeys: 4 }),
+        fc.array(fc.boolean(), { minLength: 4, maxLength: 4 }),
+        async (fields, asBytes) => {
+          const pieces = Object.entries(fields).map(([k, v], i) => {
+            const text = `${i > 0 ? ',' : ''}${JSON.stringify(k)}:${encodeJson(v)}`;
+            return asBytes[i] ? Buffer.from(text) : text;
+          });
+          run += 1;
+          const plain = await write([record('r', 0, fields), record('s')], {
+            checkpointDir: join(root, `a${run}`),
+          });
+          const ahead: CheckpointRecord = {
+            episode_id: episodeId('r'),
+            [RECORD_FIELDS_JSON]: pieces,
+          };
+          const pre = await write([ahead, record('s')], { checkpointDir: join(root, `b${run}`) });
+          expect(pre.records_sha256).toBe(plain.records_sha256);
+          expect(pre.records_bytes).toBe(plain.records_bytes);
+        },
+      ),
+      { numRuns: 25 },
+    );
+  });
+
+  test('byte pieces are written as they are, never decoded and encoded again', async () => {
+    // Not UTF-8, so any round trip through a string would change them (to U+FFFD).
+    const raw = (size: number) =>
+      Buffer.concat([Buffer.from('"b":"'), Buffer.alloc(size, 0xff), Buffer.from('"')]);
+    for (const size of [10, 200_000]) {
+      const ahead: CheckpointRecord = {
+        episode_id: episodeId('r'),
+        [RECORD_FIELDS_JSON]: [raw(size)],
+      };
+      const manifest = await write([ahead], { checkpointDir: join(root, `${size}`) });
+      const path = join(
+        participantDir(join(root, `${size}`), KIND, INSTANCE),
+        manifest.records_file,
+      );
+      const expected = Buffer.concat([
+        Buffer.from('{"episode_id":{"rollout_id":"r","attempt":0},'),
+        raw(size),
+        Buffer.from('}\n'),
+      ]);
+      expect((await readFile(path)).equals(expected)).toBe(true);
+    }
+  });
+
+  test('a piece longer than a write buffer is written through the buffers, exactly, surrogate pairs whole', async () => {
+    // Over 1 MB of UTF-8 in one piece, with two- and four-byte characters across every slice.
+    const long = `"s":${JSON.stringify('ab🙂é'.repeat(400_000))}`;
+    const ahead: CheckpointRecord = { episode_id: episodeId('r'), [RECORD_FIELDS_JSON]: [long] };
+    const from = jest.spyOn(Buffer, 'from');
+    try {
+      const manifest = await write([ahead, record('s', 0, { v: 1 })]);
+      // No copy of the piece into a Buffer of its own: only the reused write buffers hold it.
+      const copies = from.mock.calls.filter(([arg]) => typeof arg === 'string' && arg.length > 1e5);
+      expect(copies).toHaveLength(0);
+      const bytes = await readFile(join(dir(), manifest.records_file));
+      const expected = `{"episode_id":{"rollout_id":"r","attempt":0},${long}}\n{"episode_id":{"rollout_id":"s","attempt":0},"v":1}\n`;
+      expect(bytes.equals(Buffer.from(expected))).toBe(true);
+      expect(manifest.records_sha256).toBe(sha256(expected));
+      expect(manifest.records_bytes).toBe(Buffer.byteLength(expected));
+    } finally {
+      from.mockRestore();
+    }
   });
 });
 
@@ -812,6 +888,125 @@ describe('reading', () => {
   test('a last line without a newline is still a record', async () => {
     await handWritten(`${line('a')}\n${line('b')}`);
     expect((await readAll()).records).toHaveLength(2);
+  });
+});
+
+describe('decoding on use (readRawParticipantState)', () => {
+  const line = (rolloutId: string, attempt = 0, rest = '') =>
+    `{"episode_id":{"rollout_id":"${rolloutId}","attempt":${attempt}}${rest}}`;
+  const readRaw = (select: (key: string) => boolean = () => true) =>
+    readRawParticipantState<RawRecord>({
+      checkpointDir: root,
+      kind: KIND,
+      instance: INSTANCE,
+      select,
+      validate: (r) => r,
+    });
+  const captureKeyOf = (r: RawRecord) => captureKey(r.episode_id);
+
+  test('gives each in-scope record its episode and line, and decode() what the eager read gives', async () => {
+    await write([record('a', 0, { v: [1, NaN] }), record('b', 2, { s: 'café' }), record('c')]);
+    const eager = (await readAll()).records;
+    const { records } = await readRaw((key) => key !== 'c');
+    expect(records.map((r) => r.episode_id)).toEqual([episodeId('a', 0), episodeId('b', 2)]);
+    expect(records.map((r) => r.bytes.toString('utf8'))).toEqual(
+      eager.slice(0, 2).map((r) => encodeJson(r)),
+    );
+    const first = records[0] as RawRecord;
+    expect(first.decode()).toEqual(eager[0]);
+    expect(first.decode()).toBe(first.decode()); // decoded once
+  });
+
+  test('a payload that is not JSON restores, and its decode() is a typed error naming the episode', async () => {
+    await handWritten([line('good', 0, ',"v":1'), line('bad', 1, ',"v": not JSON')]);
+    // The eager read refuses the file; the raw one has verified everything but the payload.
+    await expectStateError(readAll(), /not JSON \(line 2\)/);
+    const { records } = await readRaw();
+    expect(records.map((r) => captureKeyOf(r))).toEqual(['good', 'bad-a1']);
+    expect((records[0] as RawRecord).decode()).toEqual({ episode_id: episodeId('good'), v: 1 });
+    const bad = records[1] as RawRecord;
+    expect(() => bad.decode()).toThrow(CheckpointStateError);
+    expect(() => bad.decode()).toThrow(/checkpoint record of episode 'bad-a1' is not JSON/);
+    expect(() => bad.decode()).toThrow(
+      expect.objectContaining({ code: 'invalid_checkpoint_state' }),
+    );
+  });
+
+  test('field() decodes one top-level field alone: a broken payload leaves the small fields readable', async () => {
+    // The payload's brackets match, so its end is found; its text is not JSON.
+    await handWritten([line('r', 1, ',"session_key":"k1","session":{"m": [not JSON]},"n":[1, 2]')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.field('session_key')).toBe('k1');
+    expect(raw.field('n')).toEqual([1, 2]);
+    expect(raw.field('absent')).toBeUndefined();
+    expect(raw.fieldNames()).toEqual(['episode_id', 'session_key', 'session', 'n']);
+    expect(() => raw.field('session')).toThrow(/checkpoint record of episode 'r-a1' is not JSON/);
+    expect(() => raw.decode()).toThrow(CheckpointStateError);
+  });
+
+  test('property: field(k) is decode()[k] for every field, before or after decode()', async () => {
+    const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
+    let run = 0;
+    await fc.assert(
+      fc.asyncProperty(fc.dictionary(key, jsonish, { maxKeys: 5 }), async (fields) => {
+        run += 1;
+        const checkpointDir = join(root, `p${run}`);
+        await write([record('r', 0, fields)], { checkpointDir });
+        const read = () =>
+          readRawParticipantState<RawRecord>({
+            checkpointDir,
+            kind: KIND,
+            instance: INSTANCE,
+            select: () => true,
+            validate: (r) => r,
+          });
+        const [lazy] = (await read()).records as [RawRecord];
+        const [eager] = (await read()).records as [RawRecord];
+        const whole = eager.decode();
+        expect(lazy.fieldNames()).toEqual(Object.keys(whole));
+        for (const k of Object.keys(whole)) {
+          expect(lazy.field(k)).toEqual(whole[k]);
+          expect(eager.field(k)).toEqual(whole[k]);
+        }
+        expect(lazy.decode()).toEqual(whole);
+      }),
+      { numRuns: 40 },
+    );
+  });
+
+  test('bytes that are not UTF-8 are refused by decode(), not read as replacement characters', async () => {
+    await handWritten(
+      Buffer.concat([
+        Buffer.from(line('r', 0, ',"s":"')),
+        Buffer.from([0xff]),
+        Buffer.from('"}\n'),
+      ]),
+    );
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(() => raw.decode()).toThrow(/episode 'r' is not JSON: it is not UTF-8/);
+  });
+
+  test('the checks before it resolves stay: digest, count, every episode once, a valid episode', async () => {
+    await handWritten([line('a'), line('b')], { records_sha256: '0'.repeat(64) });
+    await expectStateError(readRaw(), /does not match its manifest digest/);
+    await handWritten([line('a'), line('b')], { record_count: 3 });
+    await expectStateError(readRaw(), /expects 3 records, found 2/);
+    await handWritten([line('a'), line('b', 0, ',"x": broken'), line('a')]);
+    await expectStateError(
+      readRaw((key) => key === 'b'),
+      /holds episode 'a' twice/,
+    );
+    await handWritten([line('a'), '{"episode_id":{"rollout_id":"","attempt":0}}']);
+    await expectStateError(readRaw(), /no valid episode_id/);
+  });
+
+  test('a line that does not start with its episode is decoded at read, and refused there if broken', async () => {
+    await handWritten(['{"x": 1, "episode_id": {"attempt": 2, "rollout_id": "r"}}']);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(captureKeyOf(raw)).toBe('r-a2');
+    expect(raw.decode()).toEqual({ x: 1, episode_id: { attempt: 2, rollout_id: 'r' } });
+    await handWritten(['{"x": broken, "episode_id": {"attempt": 2, "rollout_id": "r"}}']);
+    await expectStateError(readRaw(), /not JSON \(line 1\)/);
   });
 });
 

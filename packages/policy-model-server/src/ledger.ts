@@ -286,10 +286,11 @@ export class CaptureLedger {
    * rollout's fence when they are at most THROUGH_PROBE_WINDOW; else undefined, having raised the
    * rollout's fence to `w.through` (it never goes down here).
    */
-  #fenceThroughNow(w: RolloutWork): string[] | undefined {
+  #fenceThroughNow(w: RolloutWork, noFence: boolean): string[] | undefined {
     if (w.through < 0) return [];
     const path = this.rolloutFencePath(w.rolloutId);
-    const keys = attemptKeys(w.rolloutId, readRolloutFenceNow(path) + 1, w.through);
+    const fence = noFence ? -1 : readRolloutFenceNow(path);
+    const keys = attemptKeys(w.rolloutId, fence + 1, w.through);
     if (keys === undefined) writeRolloutFenceNow(path, w.through);
     return keys;
   }
@@ -622,10 +623,15 @@ export class CaptureLedger {
       let done = 0;
       for (const w of work.values()) {
         if (++done % BATCH_SLICE === 0) await yieldToLoop();
-        const fenced = this.#fenceThroughNow(w);
-        if (fenced === undefined) index ??= await this.listByRollout(work);
+        // A listing shows whether the rollout has a fence: no open per rollout to find out.
+        let noFence = index !== undefined && !index.rolloutFences.has(w.rolloutId);
+        const fenced = this.#fenceThroughNow(w, noFence);
+        if (fenced === undefined) {
+          noFence = false; // it raised the fence
+          index ??= await this.listByRollout(work);
+        }
         const files = index
-          ? new Map((index.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
+          ? new Map((index.files.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
           : this.#probeNow([...w.retired, ...(fenced ?? [])]);
         w.retired = [...new Set([...w.retired, ...(fenced ?? keysThrough(w, files))])];
         const donors = donorsFor(w, targets, files);
@@ -634,7 +640,7 @@ export class CaptureLedger {
           this.#retireNow(key, files, removal, fencedBefore, donating.has(key));
         }
         if (w.targets.length === 0) continue;
-        this.#lowerRolloutFenceNow(w.rolloutId, firstAttempt(w.targets));
+        if (!noFence) this.#lowerRolloutFenceNow(w.rolloutId, firstAttempt(w.targets));
         this.#installNow(w.targets, targets, files, donors);
       }
       if (fencedBefore.length === 0) return;
@@ -767,12 +773,15 @@ export class CaptureLedger {
     return fsyncDirectory(this.dir);
   }
 
-  /** One listing of the directory: the per-key files of `rollouts`, by rollout id. */
-  async listByRollout(
-    rollouts: ReadonlyMap<string, unknown>,
-  ): Promise<Map<string, { name: string; attempt: number }[]>> {
-    const index = new Map<string, { name: string; attempt: number }[]>();
+  /** One listing of the directory: the per-key files of `rollouts` and which have a rollout fence. */
+  async listByRollout(rollouts: ReadonlyMap<string, unknown>): Promise<DirectoryIndex> {
+    const index: DirectoryIndex = { files: new Map(), rolloutFences: new Set() };
     for (const name of await readdir(this.dir)) {
+      if (name.endsWith(ROLLOUT_FENCE_SUFFIX)) {
+        const rolloutId = name.slice(0, -ROLLOUT_FENCE_SUFFIX.length);
+        if (rollouts.has(rolloutId)) index.rolloutFences.add(rolloutId);
+        continue;
+      }
       const key = keyOfFile(name);
       if (key === undefined) continue;
       let episode;
@@ -782,9 +791,9 @@ export class CaptureLedger {
         continue; // not a capture key: never ours to delete
       }
       if (!rollouts.has(episode.rollout_id)) continue;
-      const list = index.get(episode.rollout_id) ?? [];
+      const list = index.files.get(episode.rollout_id) ?? [];
       list.push({ name, attempt: episode.attempt });
-      index.set(episode.rollout_id, list);
+      index.files.set(episode.rollout_id, list);
     }
     return index;
   }
@@ -867,6 +876,14 @@ export function lockStripe(rolloutId: string): number {
 const rolloutOfKey = (key: string): string => parseCaptureKey(key).rollout_id;
 
 /** One rollout's share of a restore or retire batch. */
+/** What one listing of the ledger directory found for the rollouts it was asked about. */
+export interface DirectoryIndex {
+  /** Per-key files (ledgers, fences, started markers, token files) by rollout id. */
+  files: Map<string, { name: string; attempt: number }[]>;
+  /** The rollouts that have a rollout fence. */
+  rolloutFences: Set<string>;
+}
+
 interface RolloutWork {
   rolloutId: string;
   /** Keys retired one by one. */

@@ -447,6 +447,24 @@ describe('CaptureLedger files', () => {
     expect(await files(ledger)).toEqual(['r-a1.lineage.jsonl', 'r.lineage.retired']);
   });
 
+  it('a restore learns from its one listing whether a rollout has a fence to lower: no open per rollout', async () => {
+    // A fence that appears after the listing (nothing can, with the stripes held) is not looked
+    // for: the restore opens no rollout fence its listing did not show.
+    class Listed extends CaptureLedger {
+      override async listByRollout(rollouts: ReadonlyMap<string, unknown>) {
+        const index = await super.listByRollout(rollouts);
+        await writeFile(join(this.dir, 'r.rollout.retired'), '5\n');
+        return index;
+      }
+    }
+    const ledger = await new Listed(await tempDir()).init();
+    await ledger.restore(new Map([['r-a1', [row('c1')]]]), []);
+    expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('5\n');
+    // One the listing shows is lowered below the target.
+    await ledger.restore(new Map([['r-a2', [row('c2')]]]), []);
+    expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('1\n');
+  });
+
   it('a batch takes its stripes in ascending order, waiting for a held one with none above it held', async () => {
     const ledger = await ledgerAt();
     const ids = Array.from({ length: 16 }, (_, i) => `r${i}`);
