@@ -23,9 +23,6 @@ export type ActivationDecision =
   /** The activation is still running: wait for it to end, then decide again. */
   | { kind: 'wait' };
 
-// The header is part of the agent session wire contract, in core.
-export { parseActivationHeader } from '@ckpt-gym/core';
-
 export function decideActivation(view: ActivationView, index: number | null): ActivationDecision {
   if (index === null) {
     if (view.running) {

@@ -6,6 +6,7 @@
 import type { Express } from 'express';
 
 import type {
+  AgentSeedRequest,
   EpisodeContext,
   EpisodeId,
   HttpClients,
@@ -15,7 +16,7 @@ import type {
 } from '@ckpt-gym/core';
 
 import type { ActivationHandle, AgentSessionHooks } from './participant.js';
-import type { AgentSeedRequest, AgentSessionEntry, AgentSessionTable } from './sessions.js';
+import type { AgentSessionEntry, AgentSessionTable } from './sessions.js';
 
 export interface AgentContext<S> {
   /** The server's name in the stack file. */

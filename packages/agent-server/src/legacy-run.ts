@@ -5,7 +5,7 @@
  * run continues from the stage it had reached and a state-changing verify never runs twice.
  */
 import {
-  AGENT_ACTIVATION_HEADER,
+  activationHeader,
   type Boundary,
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
@@ -103,7 +103,7 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
     const reply = await ep.step('replay', () =>
       post(self, body.responses_create_params ?? {}, {
         ...cookieHeader(cookies),
-        [AGENT_ACTIVATION_HEADER]: '1',
+        ...activationHeader(1),
       }),
     );
     response = reply.body;

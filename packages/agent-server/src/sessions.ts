@@ -11,20 +11,7 @@ import {
   type CloseReceipt,
   type EpisodeId,
   encodeJson,
-  InvalidRequestError,
-  isSessionId,
   type JsonObject,
-  SESSION_ID_REASON,
-} from '@ckpt-gym/core';
-
-// The seed and close contracts live in core's wire module, shared with the environment server.
-export {
-  type AgentSeedRequest,
-  type CloseReceipt,
-  type DirectHttpToolAccess,
-  parseDirectHttpGrant as parseDirectHttpAccess,
-  MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS,
-  parseAgentSeedRequest as parseSeedRequest,
 } from '@ckpt-gym/core';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
@@ -52,17 +39,6 @@ export interface AgentSessionEntry<S = unknown> {
   completedReply: StoredReply | null;
   closing: boolean;
   state: S;
-}
-
-/**
- * Reads an `agent_session_id` (a close names one): a session id as `isSessionId` says; 422
- * otherwise.
- */
-export function parseAgentSessionId(value: unknown): string {
-  if (typeof value !== 'string' || !isSessionId(value)) {
-    throw new InvalidRequestError(`agent_session_id: ${SESSION_ID_REASON}`);
-  }
-  return value;
 }
 
 const NO_ITEMS: readonly never[] = [];

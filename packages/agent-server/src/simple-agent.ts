@@ -6,12 +6,15 @@
  * and after each tool round, as builders: nothing is copied unless a checkpoint exports it.
  */
 import {
+  type AgentSeedRequest,
   CheckpointError,
+  type DirectHttpToolAccess,
   type EpisodeId,
   errorFromBody,
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
+  parseDirectHttpGrant,
   postUpstream,
   UpstreamError,
   withRolloutPrefix,
@@ -30,12 +33,9 @@ import { type SimpleAgentConfig, simpleAgentConfig } from './config.js';
 import { legacyRun } from './legacy-run.js';
 import type { ActivationHandle, AgentSessionHooks, RestoredAgentSession } from './participant.js';
 import {
-  type AgentSeedRequest,
   type AgentSessionEntry,
   type AgentSessionTable,
-  type DirectHttpToolAccess,
   mergeSetCookies,
-  parseDirectHttpAccess,
   seedFingerprint,
   type StoredReply,
 } from './sessions.js';
@@ -421,7 +421,7 @@ function seedToolAccess(request: AgentSeedRequest): DirectHttpToolAccess | null 
   if (direct.length > 1) {
     throw new InvalidRequestError('Simple Agent supports at most one direct HTTP tool access');
   }
-  return direct[0] ? parseDirectHttpAccess(direct[0]) : null;
+  return direct[0] ? parseDirectHttpGrant(direct[0]) : null;
 }
 
 function seedState(request: AgentSeedRequest): SimpleSessionState {

@@ -1,11 +1,10 @@
-import { ActivationOutOfOrderError, CheckpointError } from '@ckpt-gym/core';
+import { ActivationOutOfOrderError, CheckpointError, parseActivationHeader } from '@ckpt-gym/core';
 
 import {
   type ActivationView,
   decideActivation,
   invocationId,
   nextActivationCount,
-  parseActivationHeader,
 } from '../src/activation.js';
 
 const idle: ActivationView = {

@@ -1,12 +1,18 @@
 import express from 'express';
 
-import { createHttpClients, createLogger, type JsonObject, listen } from '@ckpt-gym/core';
+import {
+  type AgentSeedRequest,
+  createHttpClients,
+  createLogger,
+  type JsonObject,
+  listen,
+} from '@ckpt-gym/core';
 import { responseWith, startStubModel, startStubToolResources } from '@ckpt-gym/testing';
 
 import type { ActivationHandle } from '../src/participant.js';
 
 import { createAgentServer } from '../src/app.js';
-import { type AgentSeedRequest, type AgentSessionEntry, mergeSetCookies } from '../src/sessions.js';
+import { type AgentSessionEntry, mergeSetCookies } from '../src/sessions.js';
 import {
   exportSession,
   type LoopState,

@@ -6,13 +6,15 @@
  */
 import {
   episodeFromRunBody,
+  type EpisodeRequest,
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
+  parseLegacyRunRow,
   RolloutIdRequiredError,
 } from '@ckpt-gym/core';
 
-import type { EpisodeReply, EpisodeRequest } from './protocol.js';
+import type { EpisodeReply } from './protocol.js';
 
 /** Row keys that describe the row, not the task: never forwarded as task data. */
 const NON_TASK_KEYS: ReadonlySet<string> = new Set([
@@ -33,10 +35,7 @@ function present(value: unknown): value is string | number | bigint {
 
 /** The native episode request a flat row stands for. */
 export function episodeRequestFromRow(row: unknown, defaultTaskset: string): EpisodeRequest {
-  if (typeof row !== 'object' || row === null || Array.isArray(row)) {
-    throw new InvalidRequestError('body: must be a JSON object (a flat row)');
-  }
-  const flat = row as JsonObject;
+  const flat = parseLegacyRunRow(row);
   const episode = episodeFromRunBody(flat);
   if (episode === undefined) {
     throw new RolloutIdRequiredError(

@@ -19,15 +19,6 @@ import {
   type TaskId,
 } from '@ckpt-gym/core';
 
-// The `/run` and `/aggregate_metrics` bodies are core's wire contract, shared with the collector.
-export {
-  type EpisodeRequest,
-  parseAggregateMetricsRequest,
-  parseEpisodeRequest,
-  type Task,
-  type TaskId,
-} from '@ckpt-gym/core';
-
 export const MAX_FAILURE_REASON_CHARS = 2000;
 
 /** Where an episode failed; `admission` is the queue, the others name protocol stages. */

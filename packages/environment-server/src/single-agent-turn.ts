@@ -32,6 +32,7 @@ import {
   type NativeCloseRequest,
   type NativeSeedRequest,
   postUpstream,
+  type EpisodeRequest,
   type StepMode,
   type ToolAccess,
   UpstreamError,
@@ -42,7 +43,6 @@ import type { Got, Response } from 'got';
 import {
   type CleanupHandle,
   type EnvironmentProtocol,
-  type EpisodeRequest,
   type EpisodeWork,
   type FailureStage,
   HandledEpisodeError,

@@ -1,4 +1,4 @@
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { InvalidRequestError, parseEpisodeRequest } from '@ckpt-gym/core';
 import { HTTPError, RequestError } from 'got';
 
 import { canonicalPythonJson, taskDigest } from '../src/participant.js';
@@ -9,7 +9,6 @@ import {
   isRetryableError,
   isRetryableStatus,
   MAX_FAILURE_REASON_CHARS,
-  parseEpisodeRequest,
   stageFailure,
 } from '../src/protocol.js';
 import { runBody } from './support/harness.js';

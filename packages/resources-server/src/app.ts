@@ -16,11 +16,12 @@ import {
   type EpisodeId,
   gymRoute,
   type GymRoute,
-  InvalidRequestError,
+  isNativeBody,
   type JsonObject,
   type JsonValue,
   type Logger,
   mountRoutes,
+  parseAggregateMetricsRequest,
   requestEpisode,
 } from '@ckpt-gym/core';
 import type { Express, Request } from 'express';
@@ -37,13 +38,7 @@ import {
   SEED_ROUTE,
   VERIFY_ROUTE,
 } from './definition.js';
-import {
-  checkPrefixMatches,
-  isNativeBody,
-  NativeSessions,
-  parseNativeClose,
-  parseNativeSeed,
-} from './native.js';
+import { checkPrefixMatches, NativeSessions, parseNativeClose, parseNativeSeed } from './native.js';
 import {
   type Admission,
   type RequestRole,
@@ -328,15 +323,10 @@ function aggregateRoute({ definition, bodyLimit }: ServerContext): GymRoute {
     body: {
       limit: bodyLimit,
       absentIsEmpty: true,
-      parse: (body) => {
-        const responses = body.verify_responses ?? [];
-        if (!Array.isArray(responses) || !responses.every(isObject)) {
-          throw new InvalidRequestError('verify_responses: must be a list of objects');
-        }
-        return responses;
-      },
+      parse: parseAggregateMetricsRequest,
     },
-    run: (ctx) => (definition.aggregateMetrics ?? meanRewardMetrics)(ctx.body),
+    run: (ctx) =>
+      (definition.aggregateMetrics ?? meanRewardMetrics)(ctx.body.verify_responses ?? []),
   });
 }
 

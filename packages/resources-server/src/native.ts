@@ -18,12 +18,6 @@ import {
 
 import type { NativeSeed } from './definition.js';
 
-// The session id rule and the legacy/native test belong to the wire contract, in core.
-export {
-  isNativeBody,
-  MAX_SESSION_ID_CHARS as MAX_RESOURCES_SESSION_ID_CHARS,
-} from '@ckpt-gym/core';
-
 export interface NativeClose {
   readonly resourcesSessionId: string;
   readonly episode: EpisodeId;

@@ -1,7 +1,8 @@
 import { gzipSync } from 'node:zlib';
 
+import { MAX_SESSION_ID_CHARS as MAX_RESOURCES_SESSION_ID_CHARS } from '@ckpt-gym/core';
+
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
-import { MAX_RESOURCES_SESSION_ID_CHARS } from '../src/native.js';
 import { probeServer } from './probe.js';
 import { episodeJson, responseCalling, startServer } from './support.js';
 
@@ -173,6 +174,19 @@ describe('sessions without checkpointing', () => {
       verify_responses: [{ reward: 1 }, { reward: 0 }],
     });
     expect(reply.body).toEqual({ count: 2, mean_reward: 0.5 });
+  });
+
+  test('aggregate_metrics reads its body with the wire contract: verify_responses null is refused, as the environment server refuses it', async () => {
+    await using server = await startServer(weatherServer(), { checkpoint: false });
+    const reply = await server.post('/aggregate_metrics', { verify_responses: null });
+    expect(reply.status).toBe(422);
+    expect(reply.body).toMatchObject({
+      error: { code: 'invalid_request', detail: 'verify_responses: must be a list of objects' },
+    });
+    expect((await server.post('/aggregate_metrics', {})).body).toEqual({
+      count: 0,
+      mean_reward: 0,
+    });
   });
 
   test('with checkpointing off there are no control routes and no checkpoint headers', async () => {

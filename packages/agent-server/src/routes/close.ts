@@ -3,20 +3,16 @@
  * receipt for retries, and answers an unknown id with an empty receipt that blocks a racing seed.
  */
 import {
+  type CloseReceipt,
   type EpisodeId,
-  episodeIdFromJson,
   gymRoute,
   type GymRoute,
+  parseAgentCloseRequest,
   sameEpisode,
 } from '@ckpt-gym/core';
 
-import {
-  type AgentSessionEntry,
-  type CloseReceipt,
-  parseAgentSessionId,
-  sessionIdFromCookie,
-} from '../sessions.js';
-import { type AgentServerContext, conflict, objectBodyRule } from './context.js';
+import { type AgentSessionEntry, sessionIdFromCookie } from '../sessions.js';
+import { AGENT_BODY_LIMIT, type AgentServerContext, conflict } from './context.js';
 
 async function closeEntry<S>(
   { agent, sessions, agentParticipant, restartOnly }: AgentServerContext<S>,
@@ -74,11 +70,9 @@ export function closeRoute<S>(server: AgentServerContext<S>): GymRoute {
     method: 'post',
     path: '/v1/agent_sessions/close',
     episode: 'none',
-    body: objectBodyRule,
+    body: { limit: AGENT_BODY_LIMIT, parse: parseAgentCloseRequest },
     run: async ({ req, body, signal }) => {
-      const id = parseAgentSessionId(body.agent_session_id);
-      const episode =
-        body.episode_id === undefined ? undefined : episodeIdFromJson(body.episode_id);
+      const { agent_session_id: id, episode_id: episode } = body;
       const cookieId = sessionIdFromCookie(req.headers.cookie, server.signer);
       if (cookieId !== undefined && cookieId !== id) {
         throw conflict('agent_session_id does not match the session cookie');

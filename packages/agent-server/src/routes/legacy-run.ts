@@ -9,6 +9,7 @@ import {
   gymRoute,
   type GymRoute,
   NotFoundError,
+  parseLegacyRunRow,
   RolloutIdRequiredError,
   sameEpisode,
 } from '@ckpt-gym/core';
@@ -17,7 +18,7 @@ import type { Agent, LegacyRunRequest } from '../agent.js';
 import { untrackedEpisode } from '../legacy-run.js';
 import { legacyKey } from '../participant.js';
 import { type AgentSessionEntry, parseCookieHeader, seedFingerprint } from '../sessions.js';
-import { type AgentServerContext, objectBodyRule, runSignal, stoppedBy } from './context.js';
+import { AGENT_BODY_LIMIT, type AgentServerContext, runSignal, stoppedBy } from './context.js';
 
 type LegacyRun = NonNullable<Agent<unknown>['legacyRun']>;
 
@@ -95,7 +96,7 @@ export function legacyRunRoute<S>(server: AgentServerContext<S>): GymRoute {
     path: '/run',
     // The prefix names the episode, else the flat row does.
     episode: 'optional',
-    body: objectBodyRule,
+    body: { limit: AGENT_BODY_LIMIT, parse: parseLegacyRunRow },
     run: async ({ req, body, episode: prefixed, signal }) => {
       const request = {
         body,

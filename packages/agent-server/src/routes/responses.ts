@@ -10,17 +10,13 @@ import {
   gymRoute,
   type GymRoute,
   type JsonObject,
+  parseActivationHeader,
   sameEpisode,
   StaleAttemptError,
 } from '@ckpt-gym/core';
 import type { Request } from 'express';
 
-import {
-  decideActivation,
-  invocationId,
-  nextActivationCount,
-  parseActivationHeader,
-} from '../activation.js';
+import { decideActivation, invocationId, nextActivationCount } from '../activation.js';
 import { type AgentReply, untrackedHandle } from '../agent.js';
 import {
   type ActivationHandle,

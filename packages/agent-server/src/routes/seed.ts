@@ -1,11 +1,15 @@
 /** `POST /v1/agent_sessions`: seeds an agent session, once per id and seed request. */
-import { CHECKPOINT_RESTART_HEADER, gymRoute, type GymRoute } from '@ckpt-gym/core';
+import {
+  type AgentSeedRequest as SeedRequest,
+  CHECKPOINT_RESTART_HEADER,
+  gymRoute,
+  type GymRoute,
+  parseAgentSeedRequest,
+} from '@ckpt-gym/core';
 
 import {
   AGENT_SESSION_COOKIE,
-  type AgentSeedRequest as SeedRequest,
   type AgentSessionEntry,
-  parseSeedRequest,
   seedFingerprint,
   sessionIdFromCookie,
 } from '../sessions.js';
@@ -81,7 +85,7 @@ export function seedRoute<S>(server: AgentServerContext<S>): GymRoute {
     method: 'post',
     path: '/v1/agent_sessions',
     episode: 'none',
-    body: { limit: AGENT_BODY_LIMIT, parse: parseSeedRequest },
+    body: { limit: AGENT_BODY_LIMIT, parse: parseAgentSeedRequest },
     run: async ({ req, res, body: request, signal }) => {
       const id = request.agent_session_id;
       const cookieId = sessionIdFromCookie(req.headers.cookie, signer);
