@@ -53,7 +53,7 @@ export {
   serveServer,
   type ServingServer,
 } from './serve.js';
-export { loadStack, resolvedStackText, SOURCE_KEY } from './stack-file.js';
+export { loadStack, resolvedStackText, RUN_CAPTURE_DIR, SOURCE_KEY } from './stack-file.js';
 export {
   Collector,
   type CollectorOptions,

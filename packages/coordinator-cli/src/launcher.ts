@@ -535,7 +535,7 @@ export async function launchStack(opts: LaunchOptions): Promise<StackHandle> {
     if (server.port === 0) ports.set(server.name, await freePort(server.host));
   }
   const configPath = join(runDir, RESOLVED_STACK_FILE);
-  writeFileSync(configPath, resolvedStackText(opts.configPath, ports));
+  writeFileSync(configPath, resolvedStackText(opts.configPath, ports, runDir));
   const stack = loadStack(configPath, env);
   const handle = new RunningStack(
     runDir,

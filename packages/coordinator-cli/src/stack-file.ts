@@ -5,7 +5,7 @@
  * `x-ckpt-gym-source`, so relative paths in it keep resolving against the original directory.
  */
 import { readFileSync } from 'node:fs';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 
 import { ConfigError, type Env, parseStackFile, type StackSettings } from '@ckpt-gym/core';
 import { parseDocument } from 'yaml';
@@ -44,11 +44,25 @@ export function loadStack(path: string, env: Env = process.env): StackSettings {
   return source === undefined ? settings : { ...settings, source: path };
 }
 
-/** The resolved copy's text: `ports` replace the servers' ports; the source is recorded. */
-export function resolvedStackText(sourcePath: string, ports: ReadonlyMap<string, number>): string {
+/** Where a launch keeps the token-capture ledgers of a stack that does not name a directory. */
+export const RUN_CAPTURE_DIR = 'capture';
+
+/**
+ * The resolved copy's text: `ports` replace the servers' ports; the source is recorded. A stack
+ * that does not name its token-capture directory keeps its ledgers in the run directory
+ * (`<runDir>/capture`), so two launches never share one; a named directory is kept.
+ */
+export function resolvedStackText(
+  sourcePath: string,
+  ports: ReadonlyMap<string, number>,
+  runDir: string,
+): string {
   const text = readStackText(sourcePath);
   const doc = parseDocument(text);
   for (const [name, port] of ports) doc.setIn(['servers', name, 'port'], port);
+  if (!doc.hasIn(['token_capture', 'dir'])) {
+    doc.setIn(['token_capture', 'dir'], join(resolve(runDir), RUN_CAPTURE_DIR));
+  }
   doc.set(SOURCE_KEY, sourceOf(text) ?? resolve(sourcePath));
   return doc.toString();
 }

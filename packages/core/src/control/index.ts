@@ -15,4 +15,4 @@ export { READINESS_POLL_MS } from './readiness.js';
 export * from './replies.js';
 export * from './routes.js';
 export * from './schemas.js';
-export type { ControlStorage } from './storage.js';
+export type { ControlStorage, ParticipantStorageOptions } from './storage.js';
