@@ -17,6 +17,7 @@ export function jestConfig(rootDir, { packagesDir = '<rootDir>/..' } = {}) {
     },
     moduleNameMapper: {
       '^@ckpt-gym/([a-z-]+)$': `${packagesDir}/$1/src/index.ts`,
+      '^@ckpt-gym/([a-z-]+)/([a-z-]+)$': `${packagesDir}/$1/src/api/$2.ts`,
       '^(\\.{1,2}/.*)\\.js$': '$1',
     },
     testTimeout: 30000,

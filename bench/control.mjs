@@ -17,17 +17,15 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
+import { captureKey, CONTROL_VALIDATORS, nextAttempt } from '@ckpt-gym/core/protocol';
 import {
   BaseParticipant,
-  captureKey,
-  CONTROL_VALIDATORS,
   ControlPlane,
   createLogger,
   errorMiddleware,
   installControlPlane,
-  nextAttempt,
   prepareReport,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import express from 'express';
 
 const { values: flags } = parseArgs({

@@ -24,12 +24,12 @@ import {
   createHttpClients,
   createParticipants,
   getControl,
-  parseCaptureKey,
   prepare,
-  PREPARE_ORDER,
   restore,
   resume,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/client';
+import { parseCaptureKey } from '@ckpt-gym/core/protocol';
+import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
 import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';

@@ -29,7 +29,7 @@ import {
   readRawParticipantState,
   RECORD_FIELDS_JSON,
   writeParticipantState,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 const { values: flags } = parseArgs({
   options: {

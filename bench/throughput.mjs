@@ -20,7 +20,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
-import { createHttpClients } from '@ckpt-gym/core';
+import { createHttpClients } from '@ckpt-gym/core/client';
 
 import { writeResult } from './lib/results.mjs';
 import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';

@@ -2,7 +2,7 @@
  * A deployment mixing saved episodes (weather) with a `restart_only` resources server: the
  * restart never holds up a checkpoint; after a crash it starts over while the saved one continues.
  */
-import { retire } from '@ckpt-gym/core';
+import { retire } from '@ckpt-gym/core/client';
 import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';

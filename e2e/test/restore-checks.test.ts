@@ -7,7 +7,9 @@
 import { cp, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { CheckpointStateError, participantDir, restore, resume } from '@ckpt-gym/core';
+import { restore, resume } from '@ckpt-gym/core/client';
+import { CheckpointStateError } from '@ckpt-gym/core/protocol';
+import { participantDir } from '@ckpt-gym/core/server';
 import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';

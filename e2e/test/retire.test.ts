@@ -2,7 +2,7 @@
  * Retiring an episode mid-flight stops it on every server and leaves only the marks refusing the
  * retired attempt, until `forget` clears them.
  */
-import { forget, retire } from '@ckpt-gym/core';
+import { forget, retire } from '@ckpt-gym/core/client';
 import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';

@@ -7,16 +7,8 @@
  * `CKPT_GYM_E2E_SEED=<n>` replays one seed; otherwise `CKPT_GYM_E2E_SEQUENCE_SEEDS` (default 2)
  * random seeds run. A failure names its seed.
  */
-import {
-  captureKey,
-  commit,
-  type EpisodeId,
-  forget,
-  parseCaptureKey,
-  prepare,
-  resume,
-  retire,
-} from '@ckpt-gym/core';
+import { commit, forget, prepare, resume, retire } from '@ckpt-gym/core/client';
+import { captureKey, type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';

@@ -6,7 +6,7 @@
 import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import { commit, prepare, type PrepareResult } from '@ckpt-gym/core';
+import { commit, prepare, type PrepareResult } from '@ckpt-gym/core/client';
 import { deadline, ep, until } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';

@@ -24,23 +24,21 @@ import {
   type StackHandle,
 } from '@ckpt-gym/coordinator-cli';
 import {
-  captureKey,
   commit,
   createHttpClients,
   createParticipants,
-  type EpisodeId,
   forget,
   getControl,
   type HttpClients,
-  type ParticipantKind,
   type Participants,
   prepare,
   type PrepareResult,
-  readParticipantState,
   type Replies,
   restore,
   resume,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/client';
+import { captureKey, type EpisodeId } from '@ckpt-gym/core/protocol';
+import { type ParticipantKind, readParticipantState } from '@ckpt-gym/core/server';
 import { deadline, type Status, tracked, until } from '@ckpt-gym/testing';
 
 import { stackYaml, type StackOptions, type StackShape, TOKEN } from './stacks.js';

@@ -3,7 +3,7 @@
  * activation again after a restore sends its 1-based index, so the agent can answer a completed
  * activation with its stored reply instead of running the loop twice.
  */
-import { ActivationOutOfOrderError, CheckpointError } from '@ckpt-gym/core';
+import { ActivationOutOfOrderError, CheckpointError } from '@ckpt-gym/core/protocol';
 
 /** What the session holds that the rules look at. */
 export interface ActivationView {

@@ -3,16 +3,14 @@
  * `admission/rules.ts`: a session seed waits while a checkpoint is open; a call run as a restart
  * never waits. Either is refused for a retired attempt.
  */
+import { captureKey, type EpisodeId, StaleAttemptError } from '@ckpt-gym/core/protocol';
 import {
   type AdmissionGate,
   type AdmitOptions,
   agentSeedAdmission,
-  captureKey,
-  type EpisodeId,
   restartCallAdmission,
   type RetiredMarks,
-  StaleAttemptError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 /** The gate's tag of a session seed (a retire waits for it, never aborts it). */
 export const SEED = 'seed';

@@ -5,15 +5,9 @@
  */
 import type { Express } from 'express';
 
-import type {
-  AgentSeedRequest,
-  EpisodeContext,
-  EpisodeId,
-  HttpClients,
-  JsonObject,
-  JsonValue,
-  Logger,
-} from '@ckpt-gym/core';
+import type { HttpClients } from '@ckpt-gym/core/client';
+import type { AgentSeedRequest, EpisodeId, JsonObject, JsonValue } from '@ckpt-gym/core/protocol';
+import type { EpisodeContext, Logger } from '@ckpt-gym/core/server';
 
 import type { ActivationHandle, AgentSessionHooks } from './participant.js';
 import type { AgentSessionEntry, AgentSessionTable } from './sessions.js';

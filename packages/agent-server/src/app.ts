@@ -5,19 +5,17 @@
  */
 import type { Express } from 'express';
 
+import { createHttpClients, type HttpClientLimits, type HttpClients } from '@ckpt-gym/core/client';
 import {
   type CheckpointRecord,
   type CheckpointSettings,
   createGymApp,
-  createHttpClients,
   createLogger,
   type GymApp,
-  type HttpClientLimits,
-  type HttpClients,
   jsonBody,
   type Logger,
   mountRoutes,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import type { Agent, AgentDefinition } from './agent.js';
 import { AgentParticipant } from './participant.js';

@@ -3,12 +3,12 @@
  * and the config an agent is built from. Server names in an agent's settings (`model_server`,
  * `resources_server`) are resolved to base URLs here, so agents only ever see URLs.
  */
+import { ConfigError } from '@ckpt-gym/core/protocol';
 import {
   type AppConfigSchema,
-  ConfigError,
   type ServerSettings,
   type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 /** `app: simple`; `null` is the default, as `simpleAgentConfig` takes it. */
 export const SIMPLE_AGENT_CONFIG_SCHEMA: AppConfigSchema = {

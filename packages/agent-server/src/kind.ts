@@ -1,5 +1,5 @@
 /** The `agent` server kind: what `ckpt-gym serve` and this package's bin start. */
-import { listenGymServer, serverOfKind, type ServerKindModule } from '@ckpt-gym/core';
+import { listenGymServer, serverOfKind, type ServerKindModule } from '@ckpt-gym/core/server';
 
 import { SIMPLE_AGENT_CONFIG_SCHEMA } from './config.js';
 import { createAgentServerFromStack } from './registry.js';

@@ -4,21 +4,23 @@
  * session), verify, return. Each stage starts at a protocol boundary `{"next": …}`, so a restored
  * run continues from the stage it had reached and a state-changing verify never runs twice.
  */
+import { postUpstream } from '@ckpt-gym/core/client';
 import {
   activationHeader,
-  type Boundary,
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
-  type EpisodeContext,
   type EpisodeId,
   errorFromBody,
   type JsonObject,
-  type Logger,
-  postUpstream,
-  type StepMode,
   withRolloutPrefix,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  type Boundary,
+  type EpisodeContext,
+  type Logger,
+  type StepMode,
+} from '@ckpt-gym/core/server';
 import type { Got } from 'got';
 
 import { mergeSetCookies } from './sessions.js';

@@ -4,34 +4,36 @@
  * builders and built only if a checkpoint exports them.
  */
 import {
+  captureKey,
+  CheckpointError,
+  covers,
+  type EpisodeId,
+  episodeIdFromJson,
+  encodeJson,
+  InvalidRequestError,
+  type JsonObject,
+  type JsonValue,
+  nextAttempt,
+  RetireIncompleteError,
+  sameEpisode,
+  StaleAttemptError,
+} from '@ckpt-gym/core/protocol';
+import {
   AdmissionGate,
   type AdmissionRequest,
   agentCloseAdmission,
   BaseParticipant,
-  captureKey,
-  CheckpointError,
-  covers,
   type EpisodeContext,
-  type EpisodeId,
-  episodeIdFromJson,
-  encodeJson,
   EpisodeSteps,
   IdleQueue,
-  InvalidRequestError,
-  type JsonObject,
   legacyRunAdmission,
-  type JsonValue,
-  nextAttempt,
   type PrepareReport,
   prepareReport,
   RECORD_FIELDS_JSON,
   RecordedBoundary,
-  RetireIncompleteError,
-  sameEpisode,
-  StaleAttemptError,
   type Boundary,
   type CheckpointRecord,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import { restartCall, runSeed, SEED } from './admission.js';
 import { RolloutIndex } from './sessions.js';

@@ -1,11 +1,11 @@
 /** Stack-file apps of kind `agent`: `app: simple` is Simple Agent. */
+import { ConfigError } from '@ckpt-gym/core/protocol';
 import {
-  ConfigError,
   dataPoolLimits,
   controlPoolLimits,
   type Logger,
   type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import type { AgentDefinition } from './agent.js';
 import { type AgentServer, createAgentServer } from './app.js';

@@ -4,20 +4,22 @@
  * from their input after a crash. Only a new session seed waits while a checkpoint is open.
  */
 import {
-  AdmissionGate,
-  type AdmissionRequest,
-  BaseParticipant,
   CheckpointError,
-  type CheckpointRecord,
   covers,
   type EpisodeId,
   type JsonObject,
   episodeFromRunBody,
-  type PrepareReport,
-  prepareReport,
   requestEpisode,
   RolloutIdRequiredError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  AdmissionGate,
+  type AdmissionRequest,
+  BaseParticipant,
+  type CheckpointRecord,
+  type PrepareReport,
+  prepareReport,
+} from '@ckpt-gym/core/server';
 import type { Express, NextFunction, Request, Response } from 'express';
 
 import { restartCall, runSeed, SEED } from './admission.js';

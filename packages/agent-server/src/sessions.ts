@@ -12,7 +12,7 @@ import {
   type EpisodeId,
   encodeJson,
   type JsonObject,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
 export const DEFAULT_CLOSE_RETRY_WINDOW_SECONDS = 300;

@@ -5,6 +5,7 @@
  * function calls (or at `max_steps` model calls). Boundaries are recorded before each model call
  * and after each tool round, as builders: nothing is copied unless a checkpoint exports it.
  */
+import { postUpstream } from '@ckpt-gym/core/client';
 import {
   type AgentSeedRequest,
   CheckpointError,
@@ -15,10 +16,9 @@ import {
   type JsonObject,
   type JsonValue,
   parseDirectHttpGrant,
-  postUpstream,
   UpstreamError,
   withRolloutPrefix,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 import type { Got } from 'got';
 
 import type {

@@ -1,4 +1,8 @@
-import { ActivationOutOfOrderError, CheckpointError, parseActivationHeader } from '@ckpt-gym/core';
+import {
+  ActivationOutOfOrderError,
+  CheckpointError,
+  parseActivationHeader,
+} from '@ckpt-gym/core/protocol';
 
 import {
   type ActivationView,

@@ -1,4 +1,5 @@
-import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { encodeJson } from '@ckpt-gym/core/protocol';
+import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
 import { ep, until } from '@ckpt-gym/testing';
 
 import {

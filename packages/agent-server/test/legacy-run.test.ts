@@ -1,4 +1,5 @@
-import { type EpisodeContext, listen, MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core';
+import { MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core/protocol';
+import { type EpisodeContext, listen } from '@ckpt-gym/core/server';
 import { ep, Gate, until } from '@ckpt-gym/testing';
 import express from 'express';
 

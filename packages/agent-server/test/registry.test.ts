@@ -1,4 +1,5 @@
-import { ConfigError, createLogger, parseStackFile } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { createLogger, parseStackFile } from '@ckpt-gym/core/server';
 
 import { AgentParticipant } from '../src/participant.js';
 import { agentConfig } from '../src/config.js';

@@ -5,7 +5,7 @@
  */
 import { join } from 'node:path';
 
-import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core';
+import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core/server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
 import { deadline, ep } from '@ckpt-gym/testing';
 

@@ -1,4 +1,4 @@
-import { MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS } from '@ckpt-gym/core';
+import { MAX_SESSION_ID_CHARS as MAX_AGENT_SESSION_ID_CHARS } from '@ckpt-gym/core/protocol';
 
 import {
   activate,

@@ -1,12 +1,8 @@
 import express from 'express';
 
-import {
-  type AgentSeedRequest,
-  createHttpClients,
-  createLogger,
-  type JsonObject,
-  listen,
-} from '@ckpt-gym/core';
+import { createHttpClients } from '@ckpt-gym/core/client';
+import { type AgentSeedRequest, type JsonObject } from '@ckpt-gym/core/protocol';
+import { createLogger, listen } from '@ckpt-gym/core/server';
 import { responseWith, startStubModel, startStubToolResources } from '@ckpt-gym/testing';
 
 import type { ActivationHandle } from '../src/participant.js';

@@ -12,7 +12,7 @@ import {
   MAX_ROLLOUT_ID_LENGTH,
   parseCaptureKey,
   ROLLOUT_ID_PATTERN,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 
 import { closest, didYouMean } from './suggest.js';
 

@@ -10,13 +10,8 @@
  */
 import { setMaxListeners } from 'node:events';
 
-import {
-  type EpisodeId,
-  captureKey,
-  type HttpClients,
-  isErrorCode,
-  retryRule,
-} from '@ckpt-gym/core';
+import { type HttpClients } from '@ckpt-gym/core/client';
+import { type EpisodeId, captureKey, isErrorCode, retryRule } from '@ckpt-gym/core/protocol';
 
 import {
   flatRowFromTask,

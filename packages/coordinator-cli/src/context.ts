@@ -7,7 +7,6 @@ import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import {
-  controlPoolLimits,
   CoordinationError,
   type CoordinationLogger,
   createHttpClients,
@@ -18,8 +17,8 @@ import {
   type Participants,
   replyTimeoutMs,
   CHECKPOINT_ROUTE_PREFIX,
-  type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/client';
+import { controlPoolLimits, type StackSettings } from '@ckpt-gym/core/server';
 
 import { DEFAULT_CONFIG_FILE, type Invocation } from './args.js';
 import { ExitCode, type ExitCodeValue } from './exit-codes.js';

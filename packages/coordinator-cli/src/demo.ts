@@ -12,15 +12,8 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
-import {
-  type EpisodeId,
-  forget,
-  nextAttempt,
-  parseCaptureKey,
-  type Participants,
-  resume,
-  retire,
-} from '@ckpt-gym/core';
+import { forget, type Participants, resume, retire } from '@ckpt-gym/core/client';
+import { type EpisodeId, nextAttempt, parseCaptureKey } from '@ckpt-gym/core/protocol';
 
 import { parseCommandLine } from './args.js';
 import {

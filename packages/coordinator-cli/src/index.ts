@@ -2,7 +2,8 @@
  * @ckpt-gym/coordinator-cli: the `ckpt-gym` command. `runCli` runs one command line in-process
  * and resolves with its exit code; the bin (main.ts) is a thin wrapper around it.
  */
-import { CkptGymError, CoordinationError } from '@ckpt-gym/core';
+import { CoordinationError } from '@ckpt-gym/core/client';
+import { CkptGymError } from '@ckpt-gym/core/protocol';
 
 import { type Invocation, parseCommandLine, PROGRAM } from './args.js';
 import { HANDLERS } from './commands/index.js';

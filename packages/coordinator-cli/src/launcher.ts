@@ -24,14 +24,14 @@ import { join, resolve } from 'node:path';
 import { setTimeout as delay } from 'node:timers/promises';
 import { fileURLToPath } from 'node:url';
 
+import { ConfigError } from '@ckpt-gym/core/protocol';
 import {
-  ConfigError,
   type HealthReply,
   LAUNCH_ID_ENV,
   type ServerKind,
   serverUrl,
   type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import { isRunnable } from './serve.js';
 import { loadStack, resolvedStackText } from './stack-file.js';

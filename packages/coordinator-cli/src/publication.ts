@@ -6,15 +6,15 @@
 import { mkdir, open, readFile, rename } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 
+import { type ExpectedCheckpoint } from '@ckpt-gym/core/client';
 import {
   CheckpointStateError,
   type EpisodeId,
-  type ExpectedCheckpoint,
-  fsyncDirectory,
   parseCaptureKey,
   signed,
   verifyManifestMac,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { fsyncDirectory } from '@ckpt-gym/core/server';
 
 import { CliFailure } from './context.js';
 import { keysOf } from './scope.js';

@@ -12,12 +12,8 @@
  * - Read after a successful prepare, the set is stable: admission is closed and no episode
  *   completes while the stack is prepared.
  */
-import {
-  captureKey,
-  type EpisodeId,
-  type ParticipantMember,
-  parseCaptureKey,
-} from '@ckpt-gym/core';
+import { type ParticipantMember } from '@ckpt-gym/core/client';
+import { captureKey, type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
 
 import { CliFailure, type StatusReplies } from './context.js';
 import { stringList } from './output.js';

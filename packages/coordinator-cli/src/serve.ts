@@ -14,7 +14,7 @@ import {
   serverSettings,
   type ServerSettings,
   type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import { environmentKind } from '@ckpt-gym/environment-server';
 import { FAKE_INFERENCE_APP, fakeInferenceKind } from '@ckpt-gym/fake-inference';
 import { policyModelKind } from '@ckpt-gym/policy-model-server';

@@ -7,7 +7,8 @@
 import { readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
-import { ConfigError, type Env, parseStackFile, type StackSettings } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { type Env, parseStackFile, type StackSettings } from '@ckpt-gym/core/server';
 import { parseDocument } from 'yaml';
 
 import { KIND_SCHEMAS } from './serve.js';

@@ -6,7 +6,8 @@ import { once } from 'node:events';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { createHttpClients, type ErrorCode, type HttpClients } from '@ckpt-gym/core';
+import { createHttpClients, type HttpClients } from '@ckpt-gym/core/client';
+import { type ErrorCode } from '@ckpt-gym/core/protocol';
 import express from 'express';
 
 import { Collector, counterTask, type ResultRow } from '../src/collect.js';

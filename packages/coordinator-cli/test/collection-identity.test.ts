@@ -1,5 +1,5 @@
 /** Run ids and the rollout ids derived from them. */
-import { MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core';
+import { MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core/protocol';
 
 import { newRunId, rolloutIdFor } from '../src/collection/identity.js';
 import { ExitCode } from '../src/exit-codes.js';

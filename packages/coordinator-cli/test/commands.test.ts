@@ -14,7 +14,7 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { participantDir, writeParticipantState } from '@ckpt-gym/core';
+import { participantDir, writeParticipantState } from '@ckpt-gym/core/server';
 
 import { runCli } from '../src/index.js';
 import { type CliRun, startStack, type TestStack, TOKEN_ENV } from './support/stack.js';

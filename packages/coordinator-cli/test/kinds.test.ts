@@ -3,7 +3,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
-import { ConfigError, SERVER_KINDS } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { SERVER_KINDS } from '@ckpt-gym/core/server';
 
 import { KIND_SCHEMAS, SERVER_KIND_MODULES } from '../src/serve.js';
 import { loadStack } from '../src/stack-file.js';

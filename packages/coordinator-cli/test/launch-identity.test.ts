@@ -6,7 +6,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 
-import { LAUNCH_ID_ENV } from '@ckpt-gym/core';
+import { LAUNCH_ID_ENV } from '@ckpt-gym/core/server';
 
 import {
   answererOf,

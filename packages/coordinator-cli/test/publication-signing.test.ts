@@ -6,7 +6,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { CheckpointStateError, episodeId } from '@ckpt-gym/core';
+import { CheckpointStateError, episodeId } from '@ckpt-gym/core/protocol';
 
 import {
   CONTROLLER_FILE,

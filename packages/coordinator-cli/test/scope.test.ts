@@ -1,4 +1,4 @@
-import type { ParticipantMember } from '@ckpt-gym/core';
+import type { ParticipantMember } from '@ckpt-gym/core/client';
 
 import { CliFailure, generatedId, resolveConfigPath, BUNDLED_EXAMPLE } from '../src/context.js';
 import { episodesInFlight, openCheckpointId } from '../src/scope.js';

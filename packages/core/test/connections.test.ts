@@ -24,7 +24,7 @@ import {
   type ListeningServer,
   openFilesSoftLimit,
   processConnectionLimits,
-} from '../src/index.js';
+} from '../src/server.js';
 import { MemoryLogger, type TestRecord, TestParticipant } from './support/test-participant.js';
 import { removeTranspiled, transpileCore } from './support/transpile.js';
 

@@ -1,13 +1,12 @@
 import fc from 'fast-check';
 
+import { InvalidRequestError, InvalidRolloutIdError } from '../src/errors.js';
 import {
   captureKey,
   covers,
   episodeFromRunBody,
   episodeId,
   episodeIdFromJson,
-  InvalidRequestError,
-  InvalidRolloutIdError,
   MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
@@ -15,7 +14,7 @@ import {
   parseCaptureKey,
   parseRolloutPath,
   withRolloutPrefix,
-} from '../src/index.js';
+} from '../src/identity.js';
 
 describe('capture keys', () => {
   test('attempt 0 is the bare rollout id, attempt N appends -aN without padding', () => {

@@ -1,4 +1,5 @@
-import { checkChatMessages, InvalidRequestError } from '../src/index.js';
+import { InvalidRequestError } from '../src/errors.js';
+import { checkChatMessages } from '../src/openai.js';
 
 describe('checkChatMessages', () => {
   const withCalls = (calls: unknown) => [{ role: 'assistant', tool_calls: calls }];

@@ -4,16 +4,16 @@ import { connect } from 'node:net';
 
 import express from 'express';
 
+import { jsonBody } from '../src/express.js';
+import { KEEP_ALIVE_IDLE_MS } from '../src/http-client.js';
 import {
   createGymApp,
   healthReply,
-  jsonBody,
-  KEEP_ALIVE_IDLE_MS,
   LAUNCH_ID_ENV,
   listen,
   SERVER_HEADERS_TIMEOUT_MS,
   SERVER_KEEP_ALIVE_MS,
-} from '../src/index.js';
+} from '../src/server.js';
 
 describe('GET /health', () => {
   async function health(): Promise<{ status: number; body: unknown }> {

@@ -11,7 +11,7 @@ if (!existsSync(kind)) {
   process.exit(1);
 }
 const [{ runServerMain }, { environmentKind }] = await Promise.all([
-  import('@ckpt-gym/core'),
+  import('@ckpt-gym/core/server'),
   import(kind.href),
 ]);
 await runServerMain('ckpt-gym-environment', environmentKind);

@@ -5,23 +5,25 @@
  * classification, then final cleanup (LIFO, never interrupted by a retire) before the reply.
  */
 import {
-  type CheckpointSettings,
   ConfigError,
-  createGymApp,
   DeadlineExceededError,
   encodeJson,
-  type EpisodeContext,
   type EpisodeRequest,
-  type GymApp,
-  gymRoute,
-  type GymRoute,
   type JsonValue,
-  type Logger,
-  mountRoutes,
   parseAggregateMetricsRequest,
   parseEpisodeRequest,
   StaleAttemptError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  type CheckpointSettings,
+  createGymApp,
+  type EpisodeContext,
+  type GymApp,
+  gymRoute,
+  type GymRoute,
+  type Logger,
+  mountRoutes,
+} from '@ckpt-gym/core/server';
 import type { Express, Response } from 'express';
 
 import { episodeRequestFromRow, legacyReply } from './legacy.js';

@@ -5,7 +5,8 @@
  * `cleanup_timeout_seconds` and `resources_tool_transports`: their schema (checked when the stack
  * file is loaded) and the typed config the server is built from.
  */
-import { type AppConfigSchema, ConfigError, type ServerSettings } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { type AppConfigSchema, type ServerSettings } from '@ckpt-gym/core/server';
 
 import { DEFAULT_CLEANUP_TIMEOUT_SECONDS, type QueueOptions } from './app.js';
 import type { ToolTransport } from './single-agent-turn.js';

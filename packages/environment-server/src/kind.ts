@@ -1,5 +1,5 @@
 /** The `environment` server kind: what `ckpt-gym serve` and this package's bin start. */
-import { listenGymServer, type ServerKindModule } from '@ckpt-gym/core';
+import { listenGymServer, type ServerKindModule } from '@ckpt-gym/core/server';
 
 import { ENVIRONMENT_APPS, ENVIRONMENT_CONFIG_SCHEMA } from './config.js';
 import { environmentServerFromStack } from './registry.js';

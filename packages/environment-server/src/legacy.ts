@@ -12,7 +12,7 @@ import {
   type JsonValue,
   parseLegacyRunRow,
   RolloutIdRequiredError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 
 import type { EpisodeReply } from './protocol.js';
 

@@ -6,29 +6,31 @@
 import { createHash } from 'node:crypto';
 
 import {
-  type AdmissionRequest,
-  BaseParticipant,
-  type Boundary,
   captureKey,
   CheckpointError,
-  type CheckpointRecord,
   CheckpointStateError,
   covers,
-  type EpisodeContext,
   type EpisodeId,
   episodeIdFromJson,
   episodeIdToJson,
-  episodeRunAdmission,
-  EpisodeSteps,
   type JsonObject,
   type JsonValue,
   nextAttempt,
   parseCaptureKey,
+  RetireIncompleteError,
+} from '@ckpt-gym/core/protocol';
+import {
+  type AdmissionRequest,
+  BaseParticipant,
+  type Boundary,
+  type CheckpointRecord,
+  type EpisodeContext,
+  episodeRunAdmission,
+  EpisodeSteps,
   type PrepareReport,
   prepareReport,
   RECORD_FIELDS_JSON,
-  RetireIncompleteError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 export interface EnvironmentRecord extends CheckpointRecord {
   task_digest: string;

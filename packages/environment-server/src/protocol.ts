@@ -6,18 +6,20 @@
  * LIFO cleanup stack.
  */
 import {
-  type Boundary,
-  type BoundaryInput,
   type EpisodeId,
   type EpisodeRequest,
   episodeIdToJson,
   type JsonObject,
   type JsonValue,
-  type Logger,
-  type StepMode,
   type Task,
   type TaskId,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  type Boundary,
+  type BoundaryInput,
+  type Logger,
+  type StepMode,
+} from '@ckpt-gym/core/server';
 
 export const MAX_FAILURE_REASON_CHARS = 2000;
 

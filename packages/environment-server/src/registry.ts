@@ -1,16 +1,15 @@
 /** Building an environment server from the stack file (its keys: config.ts). */
+import { createHttpClients, type HttpClients } from '@ckpt-gym/core/client';
+import { ConfigError } from '@ckpt-gym/core/protocol';
 import {
-  ConfigError,
-  createHttpClients,
   dataPoolLimits,
   controlPoolLimits,
-  type HttpClients,
   type Logger,
   type ServerSettings,
   serverSettings,
   serverUrl,
   type StackSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import { createEnvironmentServer, type EnvironmentServer } from './app.js';
 import { environmentConfig } from './config.js';

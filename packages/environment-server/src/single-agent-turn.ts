@@ -12,11 +12,11 @@
  */
 import { randomUUID } from 'node:crypto';
 
+import { postUpstream } from '@ckpt-gym/core/client';
 import {
   activationHeader,
   type AgentCloseRequest,
   type AgentSeedRequest,
-  type Boundary,
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
@@ -27,17 +27,15 @@ import {
   errorFromBody,
   type JsonObject,
   type JsonValue,
-  type Logger,
   type McpGrant,
   type NativeCloseRequest,
   type NativeSeedRequest,
-  postUpstream,
   type EpisodeRequest,
-  type StepMode,
   type ToolAccess,
   UpstreamError,
   withRolloutPrefix,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { type Boundary, type Logger, type StepMode } from '@ckpt-gym/core/server';
 import type { Got, Response } from 'got';
 
 import {

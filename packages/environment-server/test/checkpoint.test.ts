@@ -6,7 +6,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { CheckpointStateError, encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { CheckpointStateError, encodeJson } from '@ckpt-gym/core/protocol';
+import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
 import { AGENT_RESPONSE, type Behaviour, Gate, OBSERVATIONS, until } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 

@@ -14,18 +14,15 @@ import { createAgentServer, simpleAgent } from '@ckpt-gym/agent-server';
 import {
   commit,
   createHttpClients,
-  createLogger,
   createParticipants,
-  type EpisodeId,
   type HttpClients,
-  listen,
-  type ListeningServer,
-  parseStackFile,
   type Participants,
   prepare,
   restore,
   resume,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/client';
+import { type EpisodeId } from '@ckpt-gym/core/protocol';
+import { createLogger, listen, type ListeningServer, parseStackFile } from '@ckpt-gym/core/server';
 import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
 import { createPolicyModelServer } from '@ckpt-gym/policy-model-server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';

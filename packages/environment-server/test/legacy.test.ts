@@ -1,4 +1,4 @@
-import { InvalidRolloutIdError, RolloutIdRequiredError } from '@ckpt-gym/core';
+import { InvalidRolloutIdError, RolloutIdRequiredError } from '@ckpt-gym/core/protocol';
 import { AGENT_RESPONSE, Gate, OBSERVATIONS } from '@ckpt-gym/testing';
 
 import { episodeRequestFromRow } from '../src/legacy.js';

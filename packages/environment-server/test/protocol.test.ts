@@ -1,4 +1,4 @@
-import { InvalidRequestError, parseEpisodeRequest } from '@ckpt-gym/core';
+import { InvalidRequestError, parseEpisodeRequest } from '@ckpt-gym/core/protocol';
 import { HTTPError, RequestError } from 'got';
 
 import { canonicalPythonJson, taskDigest } from '../src/participant.js';

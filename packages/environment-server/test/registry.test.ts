@@ -2,7 +2,8 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { ConfigError, parseStackFile, startServerMain } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { parseStackFile, startServerMain } from '@ckpt-gym/core/server';
 import { stubAgent, stubResources, type StubServer } from '@ckpt-gym/testing';
 import got from 'got';
 

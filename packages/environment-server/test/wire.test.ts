@@ -10,7 +10,7 @@ import {
   parseAgentSeedRequest,
   parseNativeCloseRequest,
   parseNativeSeedRequest,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 
 import { Harness, runBody } from './support/harness.js';
 import { closeConnections } from '@ckpt-gym/testing';

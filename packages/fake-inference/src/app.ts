@@ -8,13 +8,14 @@ import type { AddressInfo } from 'node:net';
 
 import {
   CaptureValidationError,
-  ConfigError,
   type CommitCoords,
   GENERATION_CUT_ROUTE,
-  healthReply,
   verifyAndLinearize,
+} from '@ckpt-gym/core/capture';
+import { ConfigError, InvalidRequestError, rolloutPrefixMiddleware } from '@ckpt-gym/core/protocol';
+import {
+  healthReply,
   type ErrorLogger,
-  InvalidRequestError,
   answerParserErrorsAsJson,
   errorMiddleware,
   jsonBody,
@@ -24,8 +25,7 @@ import {
   mountRoutes,
   notFoundMiddleware,
   type RequestContext,
-  rolloutPrefixMiddleware,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import express, { type Express, type Response } from 'express';
 
 import { type CallRecord, CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';

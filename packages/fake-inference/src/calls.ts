@@ -2,7 +2,8 @@
  * The call log and the token store. Both live in the fake's own process, so tests can still read
  * them after every gym process was killed.
  */
-import { type EpisodeId, type StagedCallRecord, captureKey } from '@ckpt-gym/core';
+import { type StagedCallRecord } from '@ckpt-gym/core/capture';
+import { type EpisodeId, captureKey } from '@ckpt-gym/core/protocol';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 

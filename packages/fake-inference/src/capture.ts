@@ -22,9 +22,9 @@ import {
   completeCall,
   continuedPrompt,
   failureAck,
-  isCaptureKey,
   parseInventory,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/capture';
+import { isCaptureKey } from '@ckpt-gym/core/protocol';
 
 import { promptTokens, type TokenStore } from './calls.js';
 import type { ChatMessage } from './script.js';

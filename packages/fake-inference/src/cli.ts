@@ -5,7 +5,7 @@
  */
 import { parseArgs } from 'node:util';
 
-import { runServerProcess } from '@ckpt-gym/core';
+import { runServerProcess } from '@ckpt-gym/core/server';
 
 import { DEFAULT_MODEL, type ListenOptions, startFakeInference } from './app.js';
 import { SCRIPTS, type ScriptName } from './script.js';

@@ -2,7 +2,8 @@
  * The app keys of a `kind: inference, app: fake` server: their schema (checked when the stack file
  * is loaded) and the options the fake is started with.
  */
-import { type AppConfigSchema, ConfigError, type ServerSettings } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { type AppConfigSchema, type ServerSettings } from '@ckpt-gym/core/server';
 
 import { SCRIPTS, type ScriptName } from './script.js';
 

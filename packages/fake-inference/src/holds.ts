@@ -2,7 +2,7 @@
  * Holds and the gate: which calls wait before answering, and the FIFO of waiting calls that
  * release, step and opening the gate let go.
  */
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { InvalidRequestError } from '@ckpt-gym/core/protocol';
 
 export interface HoldPolicy {
   /** Every call whose global index is ≥ n waits. */

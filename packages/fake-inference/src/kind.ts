@@ -1,5 +1,5 @@
 /** The `inference` server kind (the fake backend): what `ckpt-gym serve` starts. */
-import { serverOfKind, type ServerKindModule } from '@ckpt-gym/core';
+import { serverOfKind, type ServerKindModule } from '@ckpt-gym/core/server';
 
 import { startFakeInference } from './app.js';
 import { FAKE_INFERENCE_APP, FAKE_INFERENCE_CONFIG_SCHEMA, fakeInferenceConfig } from './config.js';

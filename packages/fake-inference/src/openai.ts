@@ -1,5 +1,5 @@
 /** The OpenAI chat-completions wire shapes the fake reads and writes. */
-import { parseChatCompletionRequest } from '@ckpt-gym/core';
+import { parseChatCompletionRequest } from '@ckpt-gym/core/protocol';
 
 import type { AssistantReply, ChatMessage } from './script.js';
 

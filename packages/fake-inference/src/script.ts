@@ -2,7 +2,12 @@
  * Scripted turns. The turn a call answers is read from the conversation it sends, never from a
  * per-process counter, so a restored rollout that re-sends its history gets the right next turn.
  */
-import { type EpisodeId, InvalidRequestError, captureKey, parseCaptureKey } from '@ckpt-gym/core';
+import {
+  type EpisodeId,
+  InvalidRequestError,
+  captureKey,
+  parseCaptureKey,
+} from '@ckpt-gym/core/protocol';
 
 export interface ToolCallSpec {
   readonly name: string;

@@ -1,7 +1,7 @@
 import { connect } from 'node:net';
 import { gzipSync } from 'node:zlib';
 
-import { LAUNCH_ID_ENV } from '@ckpt-gym/core';
+import { LAUNCH_ID_ENV } from '@ckpt-gym/core/server';
 import { until } from '@ckpt-gym/testing';
 
 import { DEFAULT_SERVER_NAME, type RunningFakeInference, startFakeInference } from '../src/app.js';

@@ -1,4 +1,4 @@
-import { episodeId } from '@ckpt-gym/core';
+import { episodeId } from '@ckpt-gym/core/protocol';
 
 import {
   CallLog,

@@ -1,4 +1,4 @@
-import { buildInventory, parseCommitCoords, rootCaptureAdmission } from '@ckpt-gym/core';
+import { buildInventory, parseCommitCoords, rootCaptureAdmission } from '@ckpt-gym/core/capture';
 import { until } from '@ckpt-gym/testing';
 
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';

@@ -1,4 +1,4 @@
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { InvalidRequestError } from '@ckpt-gym/core/protocol';
 
 import {
   NO_HOLD,

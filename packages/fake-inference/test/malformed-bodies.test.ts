@@ -4,7 +4,7 @@
  * streamed, with and without a capture admission (`ng_capture`), under the rollout prefix or not;
  * `/v1/models`.
  */
-import { rootCaptureAdmission } from '@ckpt-gym/core';
+import { rootCaptureAdmission } from '@ckpt-gym/core/capture';
 import fc from 'fast-check';
 
 import { type RunningFakeInference, startFakeInference } from '../src/app.js';

@@ -1,4 +1,4 @@
-import { InvalidRequestError, episodeId } from '@ckpt-gym/core';
+import { InvalidRequestError, episodeId } from '@ckpt-gym/core/protocol';
 
 import {
   type ChatMessage,

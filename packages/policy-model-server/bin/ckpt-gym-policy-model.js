@@ -11,7 +11,7 @@ if (!existsSync(kind)) {
   process.exit(1);
 }
 const [{ runServerMain }, { policyModelKind }] = await Promise.all([
-  import('@ckpt-gym/core'),
+  import('@ckpt-gym/core/server'),
   import(kind.href),
 ]);
 await runServerMain('ckpt-gym-policy-model', policyModelKind);

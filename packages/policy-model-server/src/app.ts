@@ -3,13 +3,16 @@
  * checkpointing on — the model participant and its control routes; with token capture on, the
  * capture ledger and its control routes.
  */
+import { createHttpClients } from '@ckpt-gym/core/client';
 import {
   AdmissionClosedError,
   ConfigError,
-  createGymApp,
-  type ControlPlane,
   InvalidRequestError,
   InvalidRolloutIdError,
+} from '@ckpt-gym/core/protocol';
+import {
+  createGymApp,
+  type ControlPlane,
   gymRoute,
   type GymRoute,
   type Logger,
@@ -17,9 +20,8 @@ import {
   type ServerSettings,
   type StackSettings,
   bearerAuth,
-  createHttpClients,
   createLogger,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import express, { type ErrorRequestHandler, type Express, type Router } from 'express';
 
 import { type PolicyModelConfig, policyModelConfig } from './config.js';

@@ -2,7 +2,8 @@
  * The app keys of a `kind: model` server: their schema (checked when the stack file is loaded)
  * and the typed config the server is built from.
  */
-import { type AppConfigSchema, ConfigError, type ServerSettings } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { type AppConfigSchema, type ServerSettings } from '@ckpt-gym/core/server';
 
 import { generationCutUrl } from './cuts.js';
 

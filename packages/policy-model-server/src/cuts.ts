@@ -7,21 +7,18 @@
  * re-issued call with the same request digest continues it through its admission.
  */
 import {
-  covers,
-  type EpisodeId,
   GENERATION_CUT_ROUTE,
   type GenerationCutContinuation,
   type GenerationCutPrefix,
   type GenerationCutPrefixAck,
-  type JsonObject,
-  type Logger,
   STAGING_SCHEMA_VERSION,
   buildInventory,
   failureAck,
-  parseCaptureKey,
   parseContinuation,
   validateReceiptFor,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/capture';
+import { covers, type EpisodeId, type JsonObject, parseCaptureKey } from '@ckpt-gym/core/protocol';
+import { type Logger } from '@ckpt-gym/core/server';
 import type { Got } from 'got';
 
 import type { Ticket } from './gate.js';

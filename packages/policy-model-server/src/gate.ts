@@ -16,18 +16,17 @@
  */
 import { randomUUID } from 'node:crypto';
 
+import { type EpisodeId, captureKey as keyOf } from '@ckpt-gym/core/protocol';
 import {
   AdmissionGate,
-  type EpisodeId,
   modelCallAdmission,
   RetiredMarks,
   staleCall,
   type AdmissionTicket as GateTicket,
-  captureKey as keyOf,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 /** The refusal of a call of a retired attempt (the model rule's). */
-export { staleCall as staleAttempt } from '@ckpt-gym/core';
+export { staleCall as staleAttempt } from '@ckpt-gym/core/server';
 
 /** The marks of the gate's participant: raising one refuses the covered waiting calls at once. */
 export class GateMarks extends RetiredMarks {

@@ -1,5 +1,5 @@
 /** The `model` server kind: what `ckpt-gym serve` and this package's bin start. */
-import { listenGymServer, serverOfKind, type ServerKindModule } from '@ckpt-gym/core';
+import { listenGymServer, serverOfKind, type ServerKindModule } from '@ckpt-gym/core/server';
 
 import { createPolicyModelServer } from './app.js';
 import { POLICY_CONFIG_SCHEMA } from './config.js';

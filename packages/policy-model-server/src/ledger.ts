@@ -24,12 +24,11 @@ import {
   decodeJson,
   encodeJson,
   type EpisodeId,
-  forEachBounded,
-  fsyncDirectory,
   type JsonObject,
   parseCaptureKey,
   RolloutRetiredError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { forEachBounded, fsyncDirectory } from '@ckpt-gym/core/server';
 import lockfile from 'proper-lockfile';
 
 export const LEDGER_SUFFIX = '.lineage.jsonl';

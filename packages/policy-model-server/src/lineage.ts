@@ -8,12 +8,12 @@ import {
   type CaptureAdmission,
   type CommitCoords,
   FINGERPRINT_VERSION,
-  type JsonObject,
   assistantFingerprint,
   conversationDigest,
   parseCommitCoords,
   rootCaptureAdmission,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/capture';
+import { type JsonObject } from '@ckpt-gym/core/protocol';
 
 export const UNRESOLVED_PARENT_REASON = 'unresolved_parent';
 export const PARENT_WITHOUT_CHAIN_REASON = 'parent_missing_chain_hash';

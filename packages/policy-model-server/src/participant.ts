@@ -9,11 +9,8 @@
  *   ledgers.
  */
 import {
-  type AdmissionRequest,
-  BaseParticipant,
   captureKey,
   CheckpointError,
-  type CheckpointRecord,
   covers,
   encodeJson,
   type EpisodeId,
@@ -21,11 +18,16 @@ import {
   type JsonObject,
   nextAttempt,
   parseCaptureKey,
+} from '@ckpt-gym/core/protocol';
+import {
+  type AdmissionRequest,
+  BaseParticipant,
+  type CheckpointRecord,
   type PrepareReport,
   prepareReport,
   RECORD_FIELDS_JSON,
   type RetiredMarks,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import { type GenerationCuts, parseCutRecord } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';

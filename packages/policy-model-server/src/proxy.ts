@@ -9,20 +9,22 @@ import { createHash } from 'node:crypto';
 import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
+import { conversationDigest } from '@ckpt-gym/core/capture';
 import {
   CkptGymError,
-  gymRoute,
-  type GymRoute,
   InternalError,
   type JsonObject,
-  type Logger,
   captureKey,
-  checkChatMessages,
-  conversationDigest,
-  mountRoutes,
   toClientError,
   UpstreamError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  gymRoute,
+  type GymRoute,
+  type Logger,
+  checkChatMessages,
+  mountRoutes,
+} from '@ckpt-gym/core/server';
 import express, { type Response, type Router } from 'express';
 
 import type { GenerationCuts } from './cuts.js';

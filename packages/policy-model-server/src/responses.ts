@@ -3,7 +3,7 @@
  * the proxy converts a `/v1/responses` request into a chat request, and the chat answer (one JSON
  * object, or a stream of chunks) back into a Response (or its stream of events).
  */
-import { InvalidRequestError } from '@ckpt-gym/core';
+import { InvalidRequestError } from '@ckpt-gym/core/protocol';
 
 type Obj = Record<string, unknown>;
 

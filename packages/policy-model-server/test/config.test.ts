@@ -1,5 +1,5 @@
 import { describe, expect, it } from '@jest/globals';
-import { parseStackFile, serverSettings } from '@ckpt-gym/core';
+import { parseStackFile, serverSettings } from '@ckpt-gym/core/server';
 
 import { backendTarget, policyModelConfig } from '../src/index.js';
 

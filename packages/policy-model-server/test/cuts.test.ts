@@ -11,8 +11,8 @@ import {
   FINGERPRINT_VERSION,
   assistantFingerprint,
   conversationDigest,
-  createHttpClients,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/capture';
+import { createHttpClients } from '@ckpt-gym/core/client';
 import { deadline, episodes, until } from '@ckpt-gym/testing';
 
 import { type CutRecord, GenerationCuts } from '../src/cuts.js';

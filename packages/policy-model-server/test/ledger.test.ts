@@ -10,7 +10,7 @@ import {
   MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 import { deadline, until } from '@ckpt-gym/testing';
 import lockfile from 'proper-lockfile';
 

@@ -2,7 +2,8 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { encodeJson, RECORD_FIELDS_JSON } from '@ckpt-gym/core';
+import { encodeJson } from '@ckpt-gym/core/protocol';
+import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
 import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { afterEach, describe, expect, it } from '@jest/globals';
 

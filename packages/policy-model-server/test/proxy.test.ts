@@ -7,7 +7,7 @@ import {
   MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 import { deadline, episodes } from '@ckpt-gym/testing';
 import OpenAI from 'openai';
 

@@ -12,7 +12,7 @@ import {
   listen,
   parseStackFile,
   serverSettings,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
 import { closeNow, controlClient, type ControlReply } from '@ckpt-gym/testing';
 

@@ -11,7 +11,7 @@ if (!existsSync(kind)) {
   process.exit(1);
 }
 const [{ runServerMain }, { resourcesKind }] = await Promise.all([
-  import('@ckpt-gym/core'),
+  import('@ckpt-gym/core/server'),
   import(kind.href),
 ]);
 await runServerMain('ckpt-gym-resources', resourcesKind);

@@ -8,22 +8,24 @@ import {
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
-  type CheckpointSettings,
   ConfigError,
-  type ControlPlane,
-  createGymApp,
-  createLogger,
   type EpisodeId,
-  gymRoute,
-  type GymRoute,
   isNativeBody,
   type JsonObject,
   type JsonValue,
-  type Logger,
-  mountRoutes,
   parseAggregateMetricsRequest,
   requestEpisode,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import {
+  type CheckpointSettings,
+  type ControlPlane,
+  createGymApp,
+  createLogger,
+  gymRoute,
+  type GymRoute,
+  type Logger,
+  mountRoutes,
+} from '@ckpt-gym/core/server';
 import type { Express, Request } from 'express';
 
 import { newSessionId, SessionCookie, sessionSecret } from './cookie.js';

@@ -5,12 +5,8 @@
  */
 import { resolve } from 'node:path';
 
-import {
-  type AppConfigSchema,
-  ConfigError,
-  MCP_EXPOSURE_KEY,
-  type ServerSettings,
-} from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { type AppConfigSchema, MCP_EXPOSURE_KEY, type ServerSettings } from '@ckpt-gym/core/server';
 
 import type { ResourcesServerDefinition } from './definition.js';
 import { counterServer } from './servers/counter.js';

@@ -9,8 +9,8 @@ import {
   type EpisodeId,
   type JsonObject,
   type JsonValue,
-  MCP_EXPOSURE_KEY,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { MCP_EXPOSURE_KEY } from '@ckpt-gym/core/server';
 
 export const CHECKPOINT_MODES = ['restart_only', 'stateless', 'exported'] as const;
 export type CheckpointMode = (typeof CHECKPOINT_MODES)[number];

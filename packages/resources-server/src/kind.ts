@@ -1,5 +1,5 @@
 /** The `resources` server kind: what `ckpt-gym serve` and this package's bin start. */
-import { listenGymServer, serverSettings, type ServerKindModule } from '@ckpt-gym/core';
+import { listenGymServer, serverSettings, type ServerKindModule } from '@ckpt-gym/core/server';
 
 import { createResourcesServer } from './app.js';
 import { definitionFor, RESOURCES_APPS, resourcesServerConfig } from './config.js';

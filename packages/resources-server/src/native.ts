@@ -14,7 +14,7 @@ import {
   parseNativeSeedRequest,
   sameEpisode,
   StaleAttemptError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
 
 import type { NativeSeed } from './definition.js';
 

@@ -8,29 +8,31 @@
  * - `exported`: as stateless, and sessions are exported, restored and retired through the hooks.
  */
 import {
+  captureKey,
+  CheckpointError,
+  CheckpointStateError,
+  type EpisodeId,
+  episodeIdFromJson,
+  type JsonObject,
+  type JsonValue,
+  nextAttempt,
+  RetireIncompleteError,
+} from '@ckpt-gym/core/protocol';
+import {
   AdmissionGate,
   type AdmissionRequest,
   type AdmissionTicket,
   BaseParticipant,
-  captureKey,
-  CheckpointError,
-  CheckpointStateError,
   type CheckpointRecord,
-  type EpisodeId,
-  episodeIdFromJson,
   type GateView,
   isReplayableVerify,
-  type JsonObject,
-  type JsonValue,
   type Logger,
-  nextAttempt,
   type PrepareReport,
   prepareReport,
   resourcesAdmission,
   type ResourcesRequestState,
   RetiredMarks,
-  RetireIncompleteError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import type { CheckpointMode, Declarations, VerifyMode } from './definition.js';
 import { SessionTable, type TrackedSession } from './sessions.js';

@@ -2,7 +2,7 @@
  * Reading the agent's final Responses API output in `/verify`: the names of the tools it called
  * and the text it wrote. A plain string stands for a text-only response.
  */
-import type { JsonObject, JsonValue } from '@ckpt-gym/core';
+import type { JsonObject, JsonValue } from '@ckpt-gym/core/protocol';
 
 function outputItems(response: JsonValue | undefined): JsonObject[] {
   if (typeof response !== 'object' || response === null || Array.isArray(response)) return [];

@@ -4,7 +4,7 @@
  * (commit cleanup visits only that episode's sessions). Counts are kept as sessions change, so
  * readiness never scans.
  */
-import { captureKey, type EpisodeId, sameEpisode } from '@ckpt-gym/core';
+import { captureKey, type EpisodeId, sameEpisode } from '@ckpt-gym/core/protocol';
 
 export interface TrackedSession {
   readonly id: string;

@@ -1,4 +1,5 @@
-import { ConfigError, MCP_EXPOSURE_KEY } from '@ckpt-gym/core';
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import { MCP_EXPOSURE_KEY } from '@ckpt-gym/core/server';
 
 import {
   checkDefinition,

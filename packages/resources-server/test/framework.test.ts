@@ -1,6 +1,6 @@
 import { gzipSync } from 'node:zlib';
 
-import { MAX_SESSION_ID_CHARS as MAX_RESOURCES_SESSION_ID_CHARS } from '@ckpt-gym/core';
+import { MAX_SESSION_ID_CHARS as MAX_RESOURCES_SESSION_ID_CHARS } from '@ckpt-gym/core/protocol';
 
 import { counterServer, exactMatchServer, SessionCookie, weatherServer } from '../src/index.js';
 import { probeServer } from './probe.js';

@@ -2,7 +2,7 @@
  * A resources server for participant tests: per-session values, handlers that count their calls
  * and can be held by a gate, hooks that record what they were asked and can hang or fail.
  */
-import type { JsonValue } from '@ckpt-gym/core';
+import type { JsonValue } from '@ckpt-gym/core/protocol';
 import { Gate } from '@ckpt-gym/testing';
 
 import type { ResourcesServerDefinition } from '../src/index.js';

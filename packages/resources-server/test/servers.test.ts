@@ -1,7 +1,7 @@
 import { readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { parseStackFile } from '@ckpt-gym/core';
+import { parseStackFile } from '@ckpt-gym/core/server';
 import { until } from '@ckpt-gym/testing';
 
 import {

@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { type Env, type GymServer, kindSchemas, loadStackFile } from '@ckpt-gym/core';
+import { type Env, type GymServer, kindSchemas, loadStackFile } from '@ckpt-gym/core/server';
 
 import { resourcesKind } from '../src/index.js';
 import { cleanUp, SilentLogger, tempDir } from './support.js';

@@ -6,13 +6,8 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import {
-  type JsonObject,
-  listen,
-  type ListeningServer,
-  type Logger,
-  type LogMeta,
-} from '@ckpt-gym/core';
+import { type JsonObject } from '@ckpt-gym/core/protocol';
+import { listen, type ListeningServer, type Logger, type LogMeta } from '@ckpt-gym/core/server';
 
 import {
   closeNow,

@@ -2,12 +2,8 @@
  * The control routes of one participant, spoken the way a controller does (core's control HTTP
  * client, the bearer token), with replies a test can assert on whatever their status.
  */
-import {
-  CHECKPOINT_ROUTE_PREFIX,
-  createHttpClients,
-  type EpisodeId,
-  getControl,
-} from '@ckpt-gym/core';
+import { CHECKPOINT_ROUTE_PREFIX, createHttpClients, getControl } from '@ckpt-gym/core/client';
+import { type EpisodeId } from '@ckpt-gym/core/protocol';
 
 import { deadline } from './wait.js';
 

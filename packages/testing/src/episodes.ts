@@ -1,5 +1,5 @@
 /** Episode ids as tests write them: `ep('r1')`, `ep('r1', 2)`, or a capture key `ep('r1-a2')`. */
-import { type EpisodeId, parseCaptureKey } from '@ckpt-gym/core';
+import { type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
 
 /** With an attempt: that episode. Without one: the episode of capture key `key` (attempt 0 unless `-aN`). */
 export function ep(key: string, attempt?: number): EpisodeId {

@@ -12,7 +12,7 @@ export {
 } from './control-client.js';
 export { ep, episodes } from './episodes.js';
 // Core's own doubles: core's tests need them, and core cannot depend on this kit.
-export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core';
+export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core/testing';
 export {
   closeConnections,
   expectClientOutcome,

@@ -13,7 +13,7 @@
  */
 import { Agent, request } from 'node:http';
 
-import { ERROR_CATALOGUE, isErrorCode } from '@ckpt-gym/core';
+import { ERROR_CATALOGUE, isErrorCode } from '@ckpt-gym/core/protocol';
 import fc from 'fast-check';
 
 export interface RawRequest {

@@ -11,14 +11,13 @@ import {
   type CheckpointRecord,
   type CommitReply,
   ControlPlane,
-  FakeClock,
-  MemoryLogger,
   type ControlPlaneOptions,
   type Participant,
   type PrepareReply,
   type RestoreReply,
   type ResumeReply,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
+import { FakeClock, MemoryLogger } from '@ckpt-gym/core/testing';
 
 import { episodes } from './episodes.js';
 

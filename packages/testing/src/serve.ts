@@ -1,5 +1,5 @@
 /** A server on a free loopback port that `await using` closes, connections and all. */
-import { listen, type ListeningServer } from '@ckpt-gym/core';
+import { listen, type ListeningServer } from '@ckpt-gym/core/server';
 import type { Express } from 'express';
 
 export interface DisposableServer extends ListeningServer, AsyncDisposable {}

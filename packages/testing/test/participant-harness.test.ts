@@ -1,11 +1,5 @@
-import {
-  BaseParticipant,
-  type CheckpointRecord,
-  captureKey,
-  type EpisodeId,
-  nextAttempt,
-  prepareReport,
-} from '@ckpt-gym/core';
+import { captureKey, type EpisodeId, nextAttempt } from '@ckpt-gym/core/protocol';
+import { BaseParticipant, type CheckpointRecord, prepareReport } from '@ckpt-gym/core/server';
 
 import { ep, participantHarness } from '../src/index.js';
 

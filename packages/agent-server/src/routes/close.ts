@@ -5,11 +5,10 @@
 import {
   type CloseReceipt,
   type EpisodeId,
-  gymRoute,
-  type GymRoute,
   parseAgentCloseRequest,
   sameEpisode,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { gymRoute, type GymRoute } from '@ckpt-gym/core/server';
 
 import { type AgentSessionEntry, sessionIdFromCookie } from '../sessions.js';
 import { AGENT_BODY_LIMIT, type AgentServerContext, conflict } from './context.js';

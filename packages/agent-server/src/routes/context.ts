@@ -2,7 +2,7 @@
  * What the agent server's routes share: the agent, its session table and cookie signer, and its
  * participant (the agent participant, the restart-only one, or none with checkpointing off).
  */
-import { CheckpointError, type JsonObject } from '@ckpt-gym/core';
+import { CheckpointError, type JsonObject } from '@ckpt-gym/core/protocol';
 import type { Request, Response } from 'express';
 
 import type { Agent, AgentReply } from '../agent.js';

@@ -6,13 +6,12 @@
 import {
   type EpisodeId,
   episodeFromRunBody,
-  gymRoute,
-  type GymRoute,
   NotFoundError,
   parseLegacyRunRow,
   RolloutIdRequiredError,
   sameEpisode,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { gymRoute, type GymRoute } from '@ckpt-gym/core/server';
 
 import type { Agent, LegacyRunRequest } from '../agent.js';
 import { untrackedEpisode } from '../legacy-run.js';

@@ -7,13 +7,12 @@ import {
   AGENT_ACTIVATION_HEADER,
   captureKey,
   type EpisodeId,
-  gymRoute,
-  type GymRoute,
   type JsonObject,
   parseActivationHeader,
   sameEpisode,
   StaleAttemptError,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { gymRoute, type GymRoute } from '@ckpt-gym/core/server';
 import type { Request } from 'express';
 
 import { decideActivation, invocationId, nextActivationCount } from '../activation.js';

@@ -2,10 +2,9 @@
 import {
   type AgentSeedRequest as SeedRequest,
   CHECKPOINT_RESTART_HEADER,
-  gymRoute,
-  type GymRoute,
   parseAgentSeedRequest,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/protocol';
+import { gymRoute, type GymRoute } from '@ckpt-gym/core/server';
 
 import {
   AGENT_SESSION_COOKIE,

@@ -6,7 +6,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core';
+import { createLogger, listen, type ListeningServer } from '@ckpt-gym/core/server';
 import {
   closeNow,
   controlClient,

@@ -8,7 +8,7 @@ import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { appendFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import type { EpisodeId } from '@ckpt-gym/core';
+import type { EpisodeId } from '@ckpt-gym/core/protocol';
 
 import { writeDurably } from '../publication.js';
 import { entriesToRemove } from './retention.js';

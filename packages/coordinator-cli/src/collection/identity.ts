@@ -5,7 +5,7 @@
  */
 import { randomBytes } from 'node:crypto';
 
-import { episodeId, MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core';
+import { episodeId, MAX_ROLLOUT_ID_LENGTH } from '@ckpt-gym/core/protocol';
 
 import { CliFailure } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

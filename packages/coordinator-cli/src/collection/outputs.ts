@@ -6,7 +6,8 @@ import { existsSync, readFileSync } from 'node:fs';
 import { appendFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { captureKey, type EpisodeId, type TokenCaptureSettings } from '@ckpt-gym/core';
+import { captureKey, type EpisodeId } from '@ckpt-gym/core/protocol';
+import { type TokenCaptureSettings } from '@ckpt-gym/core/server';
 import { LEDGER_SUFFIX } from '@ckpt-gym/policy-model-server';
 
 import type { InputFormat } from '../collect.js';

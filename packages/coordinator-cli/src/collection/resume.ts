@@ -7,7 +7,7 @@
  * restores a checkpoint only if the previous leg published it: a leg that crashed before its
  * own first checkpoint may have sent the rows of an older checkpoint again, so those start over.
  */
-import { type EpisodeId, parseCaptureKey } from '@ckpt-gym/core';
+import { type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
 
 export interface LogHead {
   readonly run_id: string;

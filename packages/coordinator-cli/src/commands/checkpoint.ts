@@ -3,7 +3,8 @@
  * command, with each stage's time. Any failure after prepare resumes before it is reported, so a
  * failed checkpoint never leaves the stack closed; `--stop` alone skips the final resume.
  */
-import { captureKey, type Participants, prepare, resume } from '@ckpt-gym/core';
+import { type Participants, prepare, resume } from '@ckpt-gym/core/client';
+import { captureKey } from '@ckpt-gym/core/protocol';
 
 import { CliFailure, type CommandContext, describe, generatedId } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

@@ -1,5 +1,6 @@
 /** `commit`: every participant writes its records for the continued episodes, then the controller publishes. */
-import { commit, type EpisodeId, type Participants, type Replies } from '@ckpt-gym/core';
+import { commit, type Participants, type Replies } from '@ckpt-gym/core/client';
+import { type EpisodeId } from '@ckpt-gym/core/protocol';
 
 import { PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, type StatusReplies } from '../context.js';

@@ -1,5 +1,5 @@
 /** Helpers the checkpoint commands share. */
-import type { ControlReply, Participants, Replies } from '@ckpt-gym/core';
+import type { ControlReply, Participants, Replies } from '@ckpt-gym/core/client';
 
 import { parseCommandLine } from '../args.js';
 import { CliFailure, CommandContext } from '../context.js';

@@ -1,11 +1,11 @@
 /** `prepare`: close admission stage by stage and wait for readiness; exit 3 when not prepared in time. */
 import {
-  captureKey,
   CoordinationError,
   type Participants,
   prepare,
   type PrepareResult,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/client';
+import { captureKey } from '@ckpt-gym/core/protocol';
 
 import { PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, generatedId } from '../context.js';

@@ -1,5 +1,5 @@
 /** `renew`: extend every participant's lease on the open checkpoint. */
-import { renew } from '@ckpt-gym/core';
+import { renew } from '@ckpt-gym/core/client';
 
 import type { CommandContext } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

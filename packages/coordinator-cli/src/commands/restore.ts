@@ -1,5 +1,6 @@
 /** `restore`: install a checkpoint into fresh processes, all or nothing. */
-import { CheckpointStateError, checkRestore, type EpisodeId, restore } from '@ckpt-gym/core';
+import { checkRestore, restore } from '@ckpt-gym/core/client';
+import { CheckpointStateError, type EpisodeId } from '@ckpt-gym/core/protocol';
 
 import { PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, generatedId } from '../context.js';

@@ -1,5 +1,5 @@
 /** `resume`: reopen admission in reverse prepare order; nothing open is nothing to do. */
-import { resume } from '@ckpt-gym/core';
+import { resume } from '@ckpt-gym/core/client';
 
 import type { CommandContext } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

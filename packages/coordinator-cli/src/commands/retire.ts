@@ -1,5 +1,5 @@
 /** `retire` and `forget`: callers first, under the open (restored) checkpoint's id or a new one. */
-import { forget, type Participants, type Replies, retire } from '@ckpt-gym/core';
+import { forget, type Participants, type Replies, retire } from '@ckpt-gym/core/client';
 
 import { CliFailure, type CommandContext, generatedId } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

@@ -1,5 +1,6 @@
 /** What the parts of `run` share: a leg (one run of the collector) and what came of it. */
-import type { EpisodeId, Participants } from '@ckpt-gym/core';
+import type { Participants } from '@ckpt-gym/core/client';
+import type { EpisodeId } from '@ckpt-gym/core/protocol';
 
 import type { Dispatch, InputTask } from '../collect.js';
 import { rolloutIdFor } from '../collection/identity.js';

@@ -4,7 +4,8 @@
  * are retired everywhere before they start over; the previous leg's checkpoint is restored, and
  * if that fails its rows start over from their input instead (collection/resume.ts).
  */
-import { captureKey, type EpisodeId, type Participants, resume, retire } from '@ckpt-gym/core';
+import { type Participants, resume, retire } from '@ckpt-gym/core/client';
+import { captureKey, type EpisodeId } from '@ckpt-gym/core/protocol';
 
 import type { InputTask } from '../collect.js';
 import type { CollectionDir } from '../collection/files.js';

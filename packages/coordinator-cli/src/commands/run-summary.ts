@@ -2,7 +2,7 @@
  * What `run` reports: exit 75 after a SIGTERM stop; else exit 0 only when every row sent got a
  * reply and no capture failed (a failed capture's tokens cannot train: never a silent success).
  */
-import { captureKey } from '@ckpt-gym/core';
+import { captureKey } from '@ckpt-gym/core/protocol';
 
 import type { Outputs } from '../collection/outputs.js';
 import { ExitCode } from '../exit-codes.js';

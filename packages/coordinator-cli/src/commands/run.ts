@@ -12,7 +12,8 @@ import { readFileSync } from 'node:fs';
 import { mkdir } from 'node:fs/promises';
 import { resolve } from 'node:path';
 
-import { forget, retire, serversByKind, serverUrl } from '@ckpt-gym/core';
+import { forget, retire } from '@ckpt-gym/core/client';
+import { serversByKind, serverUrl } from '@ckpt-gym/core/server';
 
 import {
   Collector,

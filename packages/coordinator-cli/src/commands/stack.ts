@@ -2,7 +2,7 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
-import { listeningLine } from '@ckpt-gym/core';
+import { listeningLine } from '@ckpt-gym/core/server';
 
 import { DEFAULT_RUN_DIR, PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, describe } from '../context.js';

@@ -1,5 +1,6 @@
 /** `status`: every gym server of the stack, participant or not, and what its status says. */
-import { ControlHttpError, getControl, replyTimeoutMs, serverUrl } from '@ckpt-gym/core';
+import { ControlHttpError, getControl, replyTimeoutMs } from '@ckpt-gym/core/client';
+import { serverUrl } from '@ckpt-gym/core/server';
 
 import { type CommandContext, describe, statusUrl } from '../context.js';
 import { ExitCode } from '../exit-codes.js';

@@ -5,19 +5,21 @@
  * `restored_pending`).
  */
 import {
-  type AdmissionRequest,
-  BaseParticipant,
   captureKey,
-  type CheckpointRecord,
   covers,
   type EpisodeId,
   type JsonObject,
   nextAttempt,
-  type ParticipantKind,
   parseCaptureKey,
+} from '@ckpt-gym/core/protocol';
+import {
+  type AdmissionRequest,
+  BaseParticipant,
+  type CheckpointRecord,
+  type ParticipantKind,
   type PrepareReport,
   prepareReport,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 export interface MemoryRecord extends CheckpointRecord {
   payload: string;

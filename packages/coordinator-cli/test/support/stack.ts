@@ -12,7 +12,7 @@ import {
   type Logger,
   type ParticipantKind,
   type ServerKind,
-} from '@ckpt-gym/core';
+} from '@ckpt-gym/core/server';
 
 import { MemoryParticipant } from './memory-participant.js';
 

@@ -1,4 +1,8 @@
-import { assistantFingerprint, conversationDigest, normalizeMessage } from '../../src/index.js';
+import {
+  assistantFingerprint,
+  conversationDigest,
+  normalizeMessage,
+} from '../../src/capture/hashes.js';
 
 /** An assistant turn calling `get_weather`, its arguments given by `fn`. */
 function toolTurn(fn: Record<string, unknown>): unknown {

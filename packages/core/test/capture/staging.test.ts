@@ -1,22 +1,26 @@
 import {
-  type CaptureAdmission,
-  type GenerationCutContinuation,
   type StagingDigestFn,
+  computeChainHash,
+  hashTokenIds,
+  stagingDigest,
+} from '../../src/capture/hashes.js';
+import { verifyAndLinearize } from '../../src/capture/rebuild.js';
+import {
   beginCall,
   buildGenerationChunkRecord,
-  buildInventory,
   buildPrefixRecord,
   completeCall,
-  computeChainHash,
   continuedPrompt,
-  hashTokenIds,
+} from '../../src/capture/staging.js';
+import {
+  type CaptureAdmission,
+  type GenerationCutContinuation,
+  buildInventory,
   parseCommitCoords,
   rootCaptureAdmission,
-  stagingDigest,
   validateReceiptFor,
-  verifyAndLinearize,
   type StagedCallRecord,
-} from '../../src/index.js';
+} from '../../src/capture/wire.js';
 
 const WEIGHT = 7;
 

@@ -6,13 +6,9 @@ import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import {
-  createHttpClients,
-  decodeJson,
-  type HttpClients,
-  listen,
-  type ListeningServer,
-} from '@ckpt-gym/core';
+import { createHttpClients, type HttpClients } from '@ckpt-gym/core/client';
+import { decodeJson } from '@ckpt-gym/core/protocol';
+import { listen, type ListeningServer } from '@ckpt-gym/core/server';
 import {
   closeNow,
   type ControlClient,

@@ -3,7 +3,7 @@
  * the session hooks. Tools: `increment_counter {count}`, `get_counter_value`. Reward 1.0 when the
  * session's counter equals `expected_count` (from the verify body, else the seeded task data).
  */
-import { InvalidRequestError, type JsonObject, type JsonValue } from '@ckpt-gym/core';
+import { InvalidRequestError, type JsonObject, type JsonValue } from '@ckpt-gym/core/protocol';
 
 import type { ResourcesServerDefinition } from '../definition.js';
 

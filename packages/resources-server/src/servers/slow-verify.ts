@@ -6,7 +6,7 @@
 import { access, appendFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 
-import { captureKey } from '@ckpt-gym/core';
+import { captureKey } from '@ckpt-gym/core/protocol';
 
 import type { ResourcesServerDefinition } from '../definition.js';
 import { getWeather, WEATHER_TOOL, weatherReward } from './weather.js';

@@ -4,7 +4,7 @@
  * them, and a verification cut by a crash simply runs again. The expected answer is the task
  * data's `expected_answer`.
  */
-import type { JsonValue } from '@ckpt-gym/core';
+import type { JsonValue } from '@ckpt-gym/core/protocol';
 
 import type { ResourcesServerDefinition, VerifyContext } from '../definition.js';
 import { responseText } from '../responses.js';

@@ -3,7 +3,7 @@
  * only on the request. Reward 1.0 when the agent called `get_weather`. `weather` is `stateless`;
  * `weather_restart` is the same server left `restart_only`.
  */
-import { InvalidRequestError, type JsonObject } from '@ckpt-gym/core';
+import { InvalidRequestError, type JsonObject } from '@ckpt-gym/core/protocol';
 
 import type { ResourcesServerDefinition, ToolHandler, VerifyContext } from '../definition.js';
 import { calledTools } from '../responses.js';

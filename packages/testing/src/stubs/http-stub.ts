@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net';
 
 import express, { type Request, type Response } from 'express';
 
-import type { Gate } from '@ckpt-gym/core';
+import type { Gate } from '@ckpt-gym/core/testing';
 
 /** Orders calls across every stub server of a test. */
 let sequence = 0;

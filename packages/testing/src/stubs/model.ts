@@ -5,7 +5,7 @@
  */
 import express, { type Request } from 'express';
 
-import { Gate } from '@ckpt-gym/core';
+import { Gate } from '@ckpt-gym/core/testing';
 import { serve } from '../serve.js';
 
 export interface RecordedCall {

@@ -1,0 +1,168 @@
+/**
+ * What a gym server is built from: the stack-file settings, logging, the participant contract and
+ * its control plane, the request lifecycle and admission gate, episode steps, the record store, and
+ * `createGymApp` / `listen`.
+ *
+ * @example
+ * import { createGymApp, listen, loadStackFile } from '@ckpt-gym/core/server';
+ * const stack = loadStackFile('stack.yaml');
+ * const gym = createGymApp({ name: 'my-tools', kind: 'resources', checkpoint: stack.checkpoint, participant });
+ * await listen(gym.finish(), 8101, '127.0.0.1');
+ *
+ * @module
+ */
+export {
+  AdmissionGate,
+  type AdmissionGateOptions,
+  type AdmissionTicket,
+  type AdmitOptions,
+  type EnterOptions,
+  type GateRule,
+  type GateSnapshot,
+  type GateView,
+} from '../admission/gate.js';
+export {
+  agentCloseAdmission,
+  agentSeedAdmission,
+  type AttemptState,
+  type Decision,
+  episodeRunAdmission,
+  type EpisodeRunState,
+  isReplayableVerify,
+  legacyRunAdmission,
+  type LegacyRunState,
+  modelCallAdmission,
+  type ModelCallState,
+  type OpenState,
+  resourcesAdmission,
+  type ResourcesMode,
+  type ResourcesRequestState,
+  type ResourcesRole,
+  type ResourcesVerify,
+  type ResourcesWaitState,
+  restartCallAdmission,
+  staleCall,
+} from '../admission/rules.js';
+export { type ControlClock, forEachBounded } from '../control/deadline.js';
+export {
+  type ControlObserver,
+  type ObservedOperation,
+  type OperationEvent,
+  type RefusalEvent,
+  type StageName,
+  type StageTiming,
+} from '../control/observer.js';
+export { ControlPlane, type ControlPlaneOptions } from '../control/plane.js';
+export {
+  type CommitReply,
+  type PrepareReply,
+  type RestoreReply,
+  type ResumeReply,
+  type StatusReply,
+} from '../control/replies.js';
+export { bearerAuth, type ControlRouterOptions, installControlPlane } from '../control/routes.js';
+export { type ControlStorage, type ParticipantStorageOptions } from '../control/storage.js';
+export { type ErrorLogger, errorMiddleware, jsonBody, notFoundMiddleware } from '../express.js';
+export { fsyncDirectory } from '../fsync.js';
+export { IdleQueue } from '../idle-queue.js';
+export { createLogger, type Logger, type LoggerContext, type LogMeta } from '../logging.js';
+export { checkChatMessages } from '../openai.js';
+export {
+  type AdmissionRequest,
+  BaseParticipant,
+  type Participant,
+  type ParticipantKind,
+  PREPARE_ORDER,
+  prepareReport,
+  type PrepareReport,
+  RetiredMarks,
+} from '../participant.js';
+export {
+  type BodyRule,
+  type EpisodeRule,
+  gymRoute,
+  type GymRoute,
+  type GymRouteDeclaration,
+  mountRoutes,
+  type RequestContext,
+} from '../route.js';
+export {
+  type FromStackOptions,
+  type GymServer,
+  type GymServerParts,
+  kindSchemas,
+  listenGymServer,
+  listeningLine,
+  runServerProcess,
+  type ServerKindModule,
+  serverOfKind,
+  startServerMain,
+} from '../server-kind.js';
+export {
+  answerParserErrorsAsJson,
+  type ConnectionLimits,
+  createGymApp,
+  type GymApp,
+  type GymAppOptions,
+  healthReply,
+  type HealthReply,
+  keepIdleConnections,
+  LAUNCH_ID_ENV,
+  listen,
+  LISTEN_BACKLOG,
+  type ListeningServer,
+  type ListenOptions,
+} from '../server.js';
+export {
+  type AppConfigSchema,
+  type CheckpointBlock,
+  type CheckpointSettings,
+  controlPoolLimits,
+  dataPoolLimits,
+  type Env,
+  type HttpSettings,
+  type KindConfigSchema,
+  type KindConfigSchemas,
+  loadStackFile,
+  MCP_EXPOSURE_KEY,
+  type ParseOptions,
+  parseStackFile,
+  type PoolLimits,
+  SERVER_KINDS,
+  type ServerKind,
+  serversByKind,
+  serverSettings,
+  type ServerSettings,
+  serverUrl,
+  type StackSettings,
+  type TokenCaptureSettings,
+} from '../settings.js';
+export {
+  type Boundary,
+  type BoundaryInput,
+  type EpisodeContext,
+  type EpisodeFlags,
+  type EpisodeState,
+  EpisodeSteps,
+  type EpisodeStepsOptions,
+  type EpisodeView,
+  RecordedBoundary,
+  type RunOptions,
+  type StepMode,
+} from '../steps.js';
+export {
+  type CheckpointRecord,
+  type Manifest,
+  participantDir,
+  type RawRecord,
+  readParticipantState,
+  type ReadParticipantStateOptions,
+  readRawParticipantState,
+  type ReadRawParticipantStateOptions,
+  RECORD_FIELDS_JSON,
+  STATE_SCHEMA_VERSION,
+  writeParticipantState,
+  type WriteParticipantStateOptions,
+  WriteStop,
+} from '../store.js';
+export { closest, didYouMean, editDistance } from '../suggest.js';
