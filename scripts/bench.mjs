@@ -17,7 +17,7 @@ if (!name || !available.includes(name)) {
   console.error(`usage: npm run bench -- <name> [flags]\nbenchmarks: ${available.join(', ')}`);
   process.exit(name ? 2 : 0);
 }
-if (!existsSync(join(repo, 'packages/core/dist/index.js'))) {
+if (!existsSync(join(repo, 'packages/core/dist/api/server.js'))) {
   console.error('the packages are not built: run `npm run build` first');
   process.exit(2);
 }

@@ -304,7 +304,13 @@ describe('a flood larger than the descriptor limit of a real process', () => {
     const fixture = join(import.meta.dirname, 'fixtures', 'flood-server.mjs');
     child = spawn(
       'prlimit',
-      [`--nofile=${limit}:${limit}`, process.execPath, fixture, join(core, 'index.js'), TOKEN],
+      [
+        `--nofile=${limit}:${limit}`,
+        process.execPath,
+        fixture,
+        join(core, 'api', 'server.js'),
+        TOKEN,
+      ],
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
     const [line] = (await once(child.stdout!.setEncoding('utf8'), 'data')) as [string];

@@ -39,7 +39,10 @@ beforeAll(() => {
       },
     );
   for (const dep of ['core', 'fake-inference']) {
-    if (!existsSync(join(repo, `packages/${dep}/dist/index.js`))) build(dep);
+    if (
+      !existsSync(join(repo, `packages/${dep}/dist/${dep === 'core' ? 'api/server' : 'index'}.js`))
+    )
+      build(dep);
   }
   // Always: this package's dist must be the sources under test.
   build('policy-model-server');

@@ -3,7 +3,7 @@
  * whose dist is missing or older than its sources, in dependency order.
  */
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -29,8 +29,18 @@ function newestSource(dir: string): number {
   return newest;
 }
 
+/** A file the package's build writes: its first entry point (core has only subpath entries). */
+function builtEntry(pkg: string): string {
+  const dir = join(REPO, 'packages', pkg);
+  const manifest = JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as {
+    exports: Record<string, { import: string }>;
+  };
+  const [first] = Object.values(manifest.exports);
+  return join(dir, first!.import);
+}
+
 function stale(pkg: string): boolean {
-  const built = join(REPO, 'packages', pkg, 'dist', 'index.js');
+  const built = builtEntry(pkg);
   return (
     !existsSync(built) || statSync(built).mtimeMs < newestSource(join(REPO, 'packages', pkg, 'src'))
   );

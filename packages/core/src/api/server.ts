@@ -93,6 +93,7 @@ export {
   kindSchemas,
   listenGymServer,
   listeningLine,
+  runServerMain,
   runServerProcess,
   type ServerKindModule,
   serverOfKind,
