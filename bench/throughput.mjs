@@ -1,18 +1,22 @@
-/* global console, performance */
+/* global console, performance, process */
 // Throughput: the whole native stack (fake backend with no latency, policy model, weather
 // resources, Simple Agent, single_agent_turn environment, each its own process started by the
 // CLI's launcher) running N weather rollouts through the environment's /run, C at a time, in four
 // stacks: checkpointing off and on, token capture off and on. Per stack: rollouts per second,
-// end-to-end latency percentiles, and each server's CPU per rollout (where the time goes, hop by
-// hop: environment, agent, policy, resources). The figure that matters is the ratio of "on" to
-// "off" in one run: the gate's overhead.
+// end-to-end latency percentiles, each server's CPU per rollout, and per-hop latency percentiles
+// (environment → agent → policy, agent → resources: each route as its server timed it, from the
+// access-timing lines the servers write at CKPT_GYM_LOG_LEVEL=debug, which the bench turns on).
+// The figure that matters is the ratio of "on" to "off" in one run: the gate's overhead.
 //
-//   npm run build && npm run bench -- throughput [--rollouts 2000] [--concurrency 64]
+//   npm run build && npm run bench -- throughput [--rollouts 2000] [--concurrency 64] [--profile]
 //
 // --rounds R runs the four stacks R times, in reversed order every other round (the machine's load
 // drifts), and reports each stack's median round by rollouts per second.
+// --profile runs every server with `--cpu-prof` (profiles under bench/results/throughput-profiles/,
+// warm-up and start included) and prints each one's top functions by self time; profiling slows
+// the servers, so its rollouts/s are not the figure to quote.
 // Prints a table and writes bench/results/throughput.json (or --out).
-import { writeFileSync } from 'node:fs';
+import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -22,6 +26,9 @@ import { parseArgs } from 'node:util';
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import { createHttpClients } from '@ckpt-gym/core/client';
 
+import { ACCESS_LOG_ENV, hopLatencies } from './lib/hops.mjs';
+import { percentiles } from './lib/percentile.mjs';
+import { cpuProfileEnv, serverProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
 import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';
 
@@ -31,6 +38,7 @@ const { values: flags } = parseArgs({
     concurrency: { type: 'string', default: '64' },
     rounds: { type: 'string', default: '1' },
     out: { type: 'string' },
+    profile: { type: 'boolean', default: false },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -44,6 +52,7 @@ if (!Number.isSafeInteger(ROUNDS) || ROUNDS < 1) throw new Error('--rounds must 
 const WARMUP = Math.min(50, ROLLOUTS);
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/throughput.json'));
+const PROFILE_DIR = join(dirname(OUT), 'throughput-profiles');
 const TOKEN = 'bench-throughput-token';
 
 const STACKS = [
@@ -66,11 +75,6 @@ function stackYaml(inferencePort, { checkpoint, capture }) {
   simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
   env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
 `;
-}
-
-function percentile(sorted, p) {
-  if (sorted.length === 0) return NaN;
-  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
 }
 
 /** Runs `count` rollouts named `${prefix}-<i>`, `CONCURRENCY` at a time; their latencies in ms. */
@@ -97,35 +101,48 @@ async function runRollouts(clients, envUrl, prefix, count) {
   return { latencies, failures };
 }
 
+/** Where a stack's servers write their CPU profiles with --profile (emptied first). */
+function profileDir(stack, round) {
+  const dir = join(PROFILE_DIR, `${stack.name.replace(/[^a-z]+/g, '-')}round-${round}`);
+  rmSync(dir, { recursive: true, force: true });
+  mkdirSync(dir, { recursive: true });
+  return dir;
+}
+
 /** One stack: launched, warmed up, timed over ROLLOUTS rollouts, stopped. */
-async function measure(clients, stack) {
+async function measure(clients, stack, round) {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-throughput-'));
   const source = join(runDir, 'stack.source.yaml');
   writeFileSync(source, stackYaml(await freePort('127.0.0.1'), stack));
-  const handle = await launchStack({ configPath: source, runDir });
+  const profiles = flags.profile ? profileDir(stack, round) : undefined;
+  const env = { ...process.env, ...ACCESS_LOG_ENV, ...(profiles ? cpuProfileEnv(profiles) : {}) };
+  const handle = await launchStack({ configPath: source, runDir, env });
   try {
     const envUrl = handle.servers.get('env').url;
     const warm = await runRollouts(clients, envUrl, 'warmup', WARMUP);
     if (warm.failures.length > 0)
       throw new Error(`warm-up failed: ${JSON.stringify(warm.failures[0])}`);
     const cpuBefore = serverCpuMs(handle);
-    const start = performance.now();
+    const [wallStart, start] = [Date.now(), performance.now()];
     const { latencies, failures } = await runRollouts(clients, envUrl, 'r', ROLLOUTS);
-    const seconds = (performance.now() - start) / 1000;
+    const [wallEnd, seconds] = [Date.now(), (performance.now() - start) / 1000];
     const cpuAfter = serverCpuMs(handle);
     if (failures.length > 0) {
       throw new Error(`${failures.length} rollouts failed, first: ${JSON.stringify(failures[0])}`);
     }
+    // Stopped first: each server has flushed its log and written its profile when it exits.
+    await handle.stop({ graceMs: 10_000 });
     const spent = difference(cpuBefore.total, cpuAfter.total);
-    const sorted = [...latencies].sort((a, b) => a - b);
     return {
       ...stack,
       rollouts_per_s: ROLLOUTS / seconds,
       seconds,
-      latency_ms: Object.fromEntries([50, 90, 99].map((p) => [`p${p}`, percentile(sorted, p)])),
+      latency_ms: percentiles(latencies),
       cpu_ms_per_rollout: Object.fromEntries(
         Object.entries(spent).map(([name, ms]) => [name, ms / ROLLOUTS]),
       ),
+      hops: hopLatencies(handle, wallStart, wallEnd),
+      ...(profiles ? { profiles: serverProfiles(handle, profiles, repo) } : {}),
     };
   } finally {
     await handle.stop({ graceMs: 2000 }).catch(() => undefined);
@@ -153,6 +170,40 @@ function printTable(rows) {
   }
 }
 
+/** Per hop, each stack's p50/p90/p99 in ms as the callee timed it. */
+function printHops(rows) {
+  const hops = [...new Set(rows.flatMap((row) => Object.keys(row.hops)))];
+  const width = Math.max(...hops.map((hop) => hop.length)) + 2;
+  console.log(
+    `\nper hop, ms p50/p90/p99 (the callee's route time; client → env is seen by the client above)`,
+  );
+  console.log(`${'hop'.padEnd(width)}${rows.map((row) => row.name.padStart(30)).join('')}`);
+  for (const hop of hops) {
+    const cells = rows.map((row) => {
+      const ms = row.hops[hop]?.ms;
+      return (ms ? `${ms.p50.toFixed(2)}/${ms.p90.toFixed(2)}/${ms.p99.toFixed(2)}` : '-').padStart(
+        30,
+      );
+    });
+    console.log(`${hop.padEnd(width)}${cells.join('')}`);
+  }
+}
+
+/** Per stack and server, the top functions by self time (--profile). */
+function printProfiles(rows) {
+  for (const row of rows.filter((r) => r.profiles)) {
+    console.log(`\nCPU profile, ${row.name}: top self time per server`);
+    for (const [server, profile] of Object.entries(row.profiles)) {
+      console.log(`  ${server} (busy ${profile.busy_ms.toFixed(0)} ms, ${profile.file})`);
+      for (const { fn, self_ms, share } of profile.functions) {
+        console.log(
+          `    ${(share * 100).toFixed(1).padStart(5)} %  ${self_ms.toFixed(0).padStart(6)} ms  ${fn}`,
+        );
+      }
+    }
+  }
+}
+
 async function main() {
   const loadStart = loadavg();
   const clients = createHttpClients({
@@ -163,7 +214,7 @@ async function main() {
   for (let round = 0; round < ROUNDS; round++) {
     for (const stack of round % 2 === 0 ? STACKS : [...STACKS].reverse()) {
       console.error(`${stack.name}: ${ROLLOUTS} rollouts, ${CONCURRENCY} at a time…`);
-      runs.get(stack.name).push(await measure(clients, stack));
+      runs.get(stack.name).push(await measure(clients, stack, round));
     }
   }
   const rows = STACKS.map((stack) => {
@@ -179,6 +230,8 @@ async function main() {
     capture_on_over_off: rate(false, true) / rate(false, false),
   };
   printTable(rows);
+  printHops(rows);
+  printProfiles(rows);
   console.log('');
   for (const [name, value] of Object.entries(ratios))
     console.log(`${name.padEnd(40)}${value.toFixed(3)}`);
@@ -186,7 +239,13 @@ async function main() {
   const load = (l) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(`load average (1/5/15 min): ${load(loadStart)} at start, ${load(loadavg())} at end`);
   writeResult(OUT, 'throughput', loadStart, {
-    params: { rollouts: ROLLOUTS, concurrency: CONCURRENCY, rounds: ROUNDS, warmup: WARMUP },
+    params: {
+      rollouts: ROLLOUTS,
+      concurrency: CONCURRENCY,
+      rounds: ROUNDS,
+      warmup: WARMUP,
+      profile: flags.profile,
+    },
     rows,
     ratios,
     targets: { checkpoint_on_over_off: 0.95 },

@@ -1,0 +1,60 @@
+/* global process */
+// CPU profiles of a stack's servers (`node --cpu-prof`, written when each process exits): where
+// each server's time goes, as its top functions by self time.
+import { readdirSync, readFileSync, renameSync } from 'node:fs';
+import { join } from 'node:path';
+
+/** The node flags that make each server write its profile into `dir` on exit. */
+export function cpuProfileEnv(dir, env = process.env) {
+  const flags = `--cpu-prof --cpu-prof-dir=${dir}`;
+  return { NODE_OPTIONS: env.NODE_OPTIONS ? `${env.NODE_OPTIONS} ${flags}` : flags };
+}
+
+/** `file:///…/node_modules/x/y.js` → `x/y.js`, a repo file relative to the repo, node's as is. */
+function shortUrl(url, repo) {
+  const path = url.replace(/^file:\/\//, '');
+  const inModules = path.lastIndexOf('/node_modules/');
+  if (inModules >= 0) return path.slice(inModules + '/node_modules/'.length);
+  return path.startsWith(`${repo}/`) ? path.slice(repo.length + 1) : path;
+}
+
+/**
+ * The `top` functions by self time of one .cpuprofile, with the busy time (all samples but
+ * `(idle)`) they are a share of. A sample's time is the delta to the next sample.
+ */
+export function topSelfTime(profile, repo, top = 10) {
+  const nodes = new Map(profile.nodes.map((node) => [node.id, node.callFrame]));
+  const selfUs = new Map();
+  const { samples, timeDeltas } = profile;
+  for (let i = 0; i < samples.length; i++) {
+    const frame = nodes.get(samples[i]);
+    const name = frame.functionName || '(anonymous)';
+    const key = frame.url ? `${name} ${shortUrl(frame.url, repo)}:${frame.lineNumber + 1}` : name;
+    selfUs.set(key, (selfUs.get(key) ?? 0) + (timeDeltas[i + 1] ?? 0));
+  }
+  selfUs.delete('(idle)');
+  const busyUs = [...selfUs.values()].reduce((a, b) => a + b, 0);
+  const functions = [...selfUs]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, top)
+    .map(([fn, us]) => ({ fn, self_ms: us / 1000, share: us / busyUs }));
+  return { busy_ms: busyUs / 1000, functions };
+}
+
+/**
+ * Names each server's profile in `dir` `<server>.cpuprofile` (node names them by pid) and
+ * returns each one's top functions.
+ */
+export function serverProfiles(handle, dir, repo) {
+  const byPid = new Map([...handle.servers.values()].map((s) => [s.pid, s.name]));
+  const profiles = {};
+  for (const file of readdirSync(dir).filter((f) => /^CPU\..*\.cpuprofile$/.test(f))) {
+    const pid = Number(file.split('.')[3]);
+    const name = byPid.get(pid);
+    if (name === undefined) continue;
+    const path = join(dir, `${name}.cpuprofile`);
+    renameSync(join(dir, file), path);
+    profiles[name] = { file: path, ...topSelfTime(JSON.parse(readFileSync(path, 'utf8')), repo) };
+  }
+  return profiles;
+}
