@@ -12,9 +12,11 @@
 //
 // --rounds R runs the four stacks R times, in reversed order every other round (the machine's load
 // drifts), and reports each stack's median round by rollouts per second.
-// --profile runs every server with `--cpu-prof` (profiles under bench/results/throughput-profiles/,
-// warm-up and start included) and prints each one's top functions by self time; profiling slows
-// the servers, so its rollouts/s are not the figure to quote.
+// The access-timing lines cost the servers a little (winston's JSON line per request); --no-hops
+// leaves them off (no hop table) to see how much.
+// --profile runs every server under V8's CPU profiler over the timed rollouts (.cpuprofile files as
+// --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
+// by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.
 // Prints a table and writes bench/results/throughput.json (or --out).
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -28,7 +30,7 @@ import { createHttpClients } from '@ckpt-gym/core/client';
 
 import { ACCESS_LOG_ENV, hopLatencies } from './lib/hops.mjs';
 import { percentiles } from './lib/percentile.mjs';
-import { cpuProfileEnv, serverProfiles } from './lib/profile.mjs';
+import { cpuProfileEnv, serverProfiles, toggleProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
 import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';
 
@@ -39,6 +41,7 @@ const { values: flags } = parseArgs({
     rounds: { type: 'string', default: '1' },
     out: { type: 'string' },
     profile: { type: 'boolean', default: false },
+    'no-hops': { type: 'boolean', default: false },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -115,18 +118,24 @@ async function measure(clients, stack, round) {
   const source = join(runDir, 'stack.source.yaml');
   writeFileSync(source, stackYaml(await freePort('127.0.0.1'), stack));
   const profiles = flags.profile ? profileDir(stack, round) : undefined;
-  const env = { ...process.env, ...ACCESS_LOG_ENV, ...(profiles ? cpuProfileEnv(profiles) : {}) };
+  const env = {
+    ...process.env,
+    ...(flags['no-hops'] ? {} : ACCESS_LOG_ENV),
+    ...(profiles ? cpuProfileEnv(profiles) : {}),
+  };
   const handle = await launchStack({ configPath: source, runDir, env });
   try {
     const envUrl = handle.servers.get('env').url;
     const warm = await runRollouts(clients, envUrl, 'warmup', WARMUP);
     if (warm.failures.length > 0)
       throw new Error(`warm-up failed: ${JSON.stringify(warm.failures[0])}`);
+    if (profiles) toggleProfiles(handle);
     const cpuBefore = serverCpuMs(handle);
     const [wallStart, start] = [Date.now(), performance.now()];
     const { latencies, failures } = await runRollouts(clients, envUrl, 'r', ROLLOUTS);
     const [wallEnd, seconds] = [Date.now(), (performance.now() - start) / 1000];
     const cpuAfter = serverCpuMs(handle);
+    if (profiles) toggleProfiles(handle);
     if (failures.length > 0) {
       throw new Error(`${failures.length} rollouts failed, first: ${JSON.stringify(failures[0])}`);
     }
@@ -172,6 +181,7 @@ function printTable(rows) {
 
 /** Per hop, each stack's p50/p90/p99 in ms as the callee timed it. */
 function printHops(rows) {
+  if (flags['no-hops']) return;
   const hops = [...new Set(rows.flatMap((row) => Object.keys(row.hops)))];
   const width = Math.max(...hops.map((hop) => hop.length)) + 2;
   console.log(
@@ -194,7 +204,11 @@ function printProfiles(rows) {
   for (const row of rows.filter((r) => r.profiles)) {
     console.log(`\nCPU profile, ${row.name}: top self time per server`);
     for (const [server, profile] of Object.entries(row.profiles)) {
-      console.log(`  ${server} (busy ${profile.busy_ms.toFixed(0)} ms, ${profile.file})`);
+      const perRollout = row.cpu_ms_per_rollout[server];
+      const cpu = perRollout === undefined ? '' : `, CPU ${(perRollout * ROLLOUTS).toFixed(0)} ms`;
+      // Busy is wall time the sampler found the thread not idle, off-CPU waits included (on a
+      // loaded machine a socket write that wakes its reader can lose the CPU: `writev` grows).
+      console.log(`  ${server} (busy ${profile.busy_ms.toFixed(0)} ms${cpu}, ${profile.file})`);
       for (const { fn, self_ms, share } of profile.functions) {
         console.log(
           `    ${(share * 100).toFixed(1).padStart(5)} %  ${self_ms.toFixed(0).padStart(6)} ms  ${fn}`,
@@ -245,6 +259,7 @@ async function main() {
       rounds: ROUNDS,
       warmup: WARMUP,
       profile: flags.profile,
+      hops: !flags['no-hops'],
     },
     rows,
     ratios,

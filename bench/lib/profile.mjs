@@ -1,13 +1,24 @@
-/* global process */
-// CPU profiles of a stack's servers (`node --cpu-prof`, written when each process exits): where
-// each server's time goes, as its top functions by self time.
+/* global process, URL */
+// CPU profiles of a stack's servers over the timed rollouts (V8's sampling profiler through
+// ./cpu-profiler.mjs): where each server's time goes, as its top functions by self time.
 import { readdirSync, readFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
-/** The node flags that make each server write its profile into `dir` on exit. */
+const PROFILER = fileURLToPath(new URL('./cpu-profiler.mjs', import.meta.url));
+
+/** The environment that makes each server write its CPU profile into `dir` on exit. */
 export function cpuProfileEnv(dir, env = process.env) {
-  const flags = `--cpu-prof --cpu-prof-dir=${dir}`;
-  return { NODE_OPTIONS: env.NODE_OPTIONS ? `${env.NODE_OPTIONS} ${flags}` : flags };
+  const flags = `--import ${PROFILER}`;
+  return {
+    NODE_OPTIONS: env.NODE_OPTIONS ? `${env.NODE_OPTIONS} ${flags}` : flags,
+    CKPT_GYM_CPU_PROF_DIR: dir,
+  };
+}
+
+/** Starts (first call) or stops and writes (second call) the profile of every server. */
+export function toggleProfiles(handle) {
+  for (const server of handle.servers.values()) process.kill(server.pid, 'SIGUSR2');
 }
 
 /** `file:///…/node_modules/x/y.js` → `x/y.js`, a repo file relative to the repo, node's as is. */
@@ -42,14 +53,14 @@ export function topSelfTime(profile, repo, top = 10) {
 }
 
 /**
- * Names each server's profile in `dir` `<server>.cpuprofile` (node names them by pid) and
+ * Names each server's profile in `dir` `<server>.cpuprofile` (written as `<pid>.cpuprofile`) and
  * returns each one's top functions.
  */
 export function serverProfiles(handle, dir, repo) {
   const byPid = new Map([...handle.servers.values()].map((s) => [s.pid, s.name]));
   const profiles = {};
-  for (const file of readdirSync(dir).filter((f) => /^CPU\..*\.cpuprofile$/.test(f))) {
-    const pid = Number(file.split('.')[3]);
+  for (const file of readdirSync(dir).filter((f) => /^\d+\.cpuprofile$/.test(f))) {
+    const pid = Number(file.split('.')[0]);
     const name = byPid.get(pid);
     if (name === undefined) continue;
     const path = join(dir, `${name}.cpuprofile`);
