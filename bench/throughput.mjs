@@ -28,7 +28,13 @@ import { parseArgs } from 'node:util';
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import { createHttpClients } from '@ckpt-gym/core/client';
 
-import { ACCESS_LOG_ENV, hopLatencies } from './lib/hops.mjs';
+import {
+  ACCESS_LOG_ENV,
+  hopByKey,
+  hopLatencies,
+  outsideCalls,
+  stackAccessLines,
+} from './lib/hops.mjs';
 import { percentiles } from './lib/percentile.mjs';
 import { cpuProfileEnv, serverProfiles, toggleProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
@@ -80,9 +86,12 @@ function stackYaml(inferencePort, { checkpoint, capture }) {
 `;
 }
 
-/** Runs `count` rollouts named `${prefix}-<i>`, `CONCURRENCY` at a time; their latencies in ms. */
+/**
+ * Runs `count` rollouts named `${prefix}-<i>`, `CONCURRENCY` at a time; their latencies in ms, by
+ * rollout id (the capture key of its attempt 0).
+ */
 async function runRollouts(clients, envUrl, prefix, count) {
-  const latencies = [];
+  const latencies = new Map();
   const failures = [];
   let next = 0;
   const worker = async () => {
@@ -95,13 +104,44 @@ async function runRollouts(clients, envUrl, prefix, count) {
         throwHttpErrors: false,
         timeout: { request: 600_000 },
       });
-      latencies.push(performance.now() - start);
+      latencies.set(id, performance.now() - start);
       const reward = res.statusCode === 200 ? JSON.parse(res.body).result?.reward : undefined;
       if (reward !== 1) failures.push({ id, status: res.statusCode, body: res.body.slice(0, 300) });
     }
   };
   await Promise.all(Array.from({ length: Math.min(CONCURRENCY, count) }, worker));
   return { latencies, failures };
+}
+
+/**
+ * The direct calls of the environment's and the agent's episode work in this stack (server, method,
+ * route as the access lines name them), for the time each spends outside them.
+ */
+const ENVIRONMENT_CALLS = [
+  'simple_agent POST /v1/agent_sessions',
+  'simple_agent POST /v1/responses',
+  'simple_agent POST /v1/agent_sessions/close',
+  'weather POST /seed_session',
+  'weather POST /verify',
+  'weather POST /close_session',
+];
+const AGENT_RUN = 'simple_agent POST /v1/responses';
+const AGENT_CALLS = ['policy POST /v1/responses', 'weather POST /get_weather'];
+
+/** Per-hop percentiles, and the environment's and agent's time outside their calls. */
+function hopFigures(lines, latencies) {
+  if (lines.length === 0) return {};
+  return {
+    hops: hopLatencies(lines),
+    outside_calls: {
+      'client → env /run, outside its calls': outsideCalls(lines, latencies, ENVIRONMENT_CALLS),
+      'simple_agent /v1/responses, outside its calls': outsideCalls(
+        lines,
+        hopByKey(lines, AGENT_RUN),
+        AGENT_CALLS,
+      ),
+    },
+  };
 }
 
 /** Where a stack's servers write their CPU profiles with --profile (emptied first). */
@@ -146,11 +186,11 @@ async function measure(clients, stack, round) {
       ...stack,
       rollouts_per_s: ROLLOUTS / seconds,
       seconds,
-      latency_ms: percentiles(latencies),
+      latency_ms: percentiles([...latencies.values()]),
       cpu_ms_per_rollout: Object.fromEntries(
         Object.entries(spent).map(([name, ms]) => [name, ms / ROLLOUTS]),
       ),
-      hops: hopLatencies(handle, wallStart, wallEnd),
+      ...hopFigures(stackAccessLines(handle, wallStart, wallEnd), latencies),
       ...(profiles ? { profiles: serverProfiles(handle, profiles, repo) } : {}),
     };
   } finally {
@@ -180,22 +220,27 @@ function printTable(rows) {
 }
 
 /** Per hop, each stack's p50/p90/p99 in ms as the callee timed it. */
+/** A p50/p90/p99 cell. */
+const triple = (ms) =>
+  (ms ? `${ms.p50.toFixed(2)}/${ms.p90.toFixed(2)}/${ms.p99.toFixed(2)}` : '-').padStart(30);
+
+/** Per hop, each stack's p50/p90/p99 in ms as the callee timed it; then the time outside calls. */
 function printHops(rows) {
   if (flags['no-hops']) return;
   const hops = [...new Set(rows.flatMap((row) => Object.keys(row.hops)))];
-  const width = Math.max(...hops.map((hop) => hop.length)) + 2;
+  const outside = Object.keys(rows[0].outside_calls);
+  const width = Math.max(...[...hops, ...outside].map((name) => name.length)) + 2;
   console.log(
     `\nper hop, ms p50/p90/p99 (the callee's route time; client → env is seen by the client above)`,
   );
   console.log(`${'hop'.padEnd(width)}${rows.map((row) => row.name.padStart(30)).join('')}`);
   for (const hop of hops) {
-    const cells = rows.map((row) => {
-      const ms = row.hops[hop]?.ms;
-      return (ms ? `${ms.p50.toFixed(2)}/${ms.p90.toFixed(2)}/${ms.p99.toFixed(2)}` : '-').padStart(
-        30,
-      );
-    });
-    console.log(`${hop.padEnd(width)}${cells.join('')}`);
+    console.log(`${hop.padEnd(width)}${rows.map((row) => triple(row.hops[hop]?.ms)).join('')}`);
+  }
+  console.log('outside the calls it makes, per episode (own work + transit of its calls):');
+  for (const name of outside) {
+    const cells = rows.map((row) => triple(row.outside_calls[name]?.ms));
+    console.log(`${name.padEnd(width)}${cells.join('')}`);
   }
 }
 

@@ -29,29 +29,58 @@ function accessLines(logPath, fromMs, toMs) {
   return lines;
 }
 
+/** Every access-timing line of the stack's servers in [fromMs, toMs], with its server. */
+export function stackAccessLines(handle, fromMs, toMs) {
+  return [...handle.servers.values()].flatMap((server) =>
+    accessLines(server.logPath, fromMs, toMs).map((line) => ({ ...line, server })),
+  );
+}
+
+const hopKey = (line) => `${line.server.name} ${line.method} ${line.route}`;
+
 /**
  * Per hop (`caller → server METHOD route`): how many requests, their p50/p90/p99 in ms as the
  * callee saw them, and how many did not answer 2xx. Servers without access lines (the fake
  * backend logs none) have no hop.
  */
-export function hopLatencies(handle, fromMs, toMs) {
+export function hopLatencies(lines) {
+  const byHop = new Map();
+  for (const line of lines) {
+    const key = hopKey(line);
+    if (!byHop.has(key)) byHop.set(key, []);
+    byHop.get(key).push(line);
+  }
   const hops = {};
-  for (const server of handle.servers.values()) {
-    const byRoute = new Map();
-    for (const line of accessLines(server.logPath, fromMs, toMs)) {
-      const key = `${line.method} ${line.route}`;
-      if (!byRoute.has(key)) byRoute.set(key, []);
-      byRoute.get(key).push(line);
-    }
-    for (const [route, lines] of byRoute) {
-      hops[`${CALLER[server.kind] ?? '?'} → ${server.name} ${route}`] = {
-        server: server.name,
-        kind: server.kind,
-        count: lines.length,
-        not_2xx: lines.filter((l) => l.status < 200 || l.status >= 300).length,
-        ms: percentiles(lines.map((l) => l.ms)),
-      };
-    }
+  for (const [key, group] of byHop) {
+    const { server } = group[0];
+    hops[`${CALLER[server.kind] ?? '?'} → ${key}`] = {
+      server: server.name,
+      kind: server.kind,
+      count: group.length,
+      not_2xx: group.filter((l) => l.status < 200 || l.status >= 300).length,
+      ms: percentiles(group.map((l) => l.ms)),
+    };
   }
   return hops;
+}
+
+/**
+ * What a caller spends outside the calls it makes, per episode: `outer` (capture key → ms, the
+ * caller's time for the episode) minus the callee times of `inner` hops (`server METHOD route`)
+ * for the same capture key. It holds the caller's own work and the transit of each call (client
+ * pool, sockets, the callee's queue before its first handler): what no callee timed.
+ */
+export function outsideCalls(lines, outer, inner) {
+  const within = new Map();
+  for (const line of lines) {
+    if (line.capture_key === null || !inner.includes(hopKey(line))) continue;
+    within.set(line.capture_key, (within.get(line.capture_key) ?? 0) + line.ms);
+  }
+  const gaps = [...outer].map(([key, ms]) => ms - (within.get(key) ?? 0));
+  return { count: gaps.length, ms: percentiles(gaps) };
+}
+
+/** Capture key → ms of the lines of one hop (`server METHOD route`). */
+export function hopByKey(lines, hop) {
+  return new Map(lines.filter((l) => hopKey(l) === hop).map((l) => [l.capture_key, l.ms]));
 }
