@@ -17,19 +17,22 @@ const CALLER = {
   inference: 'policy',
 };
 
-/** The access-timing lines of one log whose timestamp lies in [fromMs, toMs]. */
+/**
+ * The access-timing lines of one log for requests that started and ended in [fromMs, toMs] (a
+ * line is stamped when its response closed, `ms` after the request began).
+ */
 function accessLines(logPath, fromMs, toMs) {
   const lines = [];
   for (const text of readFileSync(logPath, 'utf8').split('\n')) {
     if (!text.startsWith('{') || !text.includes('"message":"request"')) continue;
     const line = JSON.parse(text);
     const at = Date.parse(line.timestamp);
-    if (line.message === 'request' && at >= fromMs && at <= toMs) lines.push(line);
+    if (line.message === 'request' && at - line.ms >= fromMs && at <= toMs) lines.push(line);
   }
   return lines;
 }
 
-/** Every access-timing line of the stack's servers in [fromMs, toMs], with its server. */
+/** The access-timing lines of the stack's servers for [fromMs, toMs], each with its server. */
 export function stackAccessLines(handle, fromMs, toMs) {
   return [...handle.servers.values()].flatMap((server) =>
     accessLines(server.logPath, fromMs, toMs).map((line) => ({ ...line, server })),
