@@ -33,6 +33,7 @@ import { KEEP_ALIVE_IDLE_MS } from './http-client.js';
 import { rolloutPrefixMiddleware } from './identity.js';
 import { createLogger, type Logger } from './logging.js';
 import type { Participant } from './participant.js';
+import { logRouteAccess } from './route.js';
 import type { CheckpointSettings, ServerKind } from './settings.js';
 import type { CheckpointRecord } from './store.js';
 
@@ -87,6 +88,7 @@ export function healthReply(
 export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<R>): GymApp<R> {
   const logger = options.logger ?? createLogger({ server: options.name, kind: options.kind });
   const app = express();
+  logRouteAccess(app, logger);
   app.disable('x-powered-by');
   app.set('etag', false);
   const health = healthReply(options.name, options.kind);

@@ -1,20 +1,10 @@
-import { Writable } from 'node:stream';
-
 import { ConfigError } from '../src/errors.js';
 import { type LoggerContext, createLogger, resolveLogLevel } from '../src/logging.js';
+import { captureLogLines } from './support/log-lines.js';
 
 /** A logger whose output is collected as parsed JSON lines. */
 function capture(context: LoggerContext = {}) {
-  const lines: Record<string, unknown>[] = [];
-  const stream = new Writable({
-    write(chunk: Buffer, _encoding, done) {
-      for (const line of chunk.toString('utf8').split('\n')) {
-        if (line !== '') lines.push(JSON.parse(line) as Record<string, unknown>);
-      }
-      done();
-    },
-  });
-  const logger = createLogger({ env: {}, ...context, stream });
+  const { logger, lines } = captureLogLines(context);
   /** Waits until `count` lines arrived (winston hands entries to transports asynchronously). */
   async function waitFor(count: number): Promise<Record<string, unknown>[]> {
     for (let i = 0; i < 100 && lines.length < count; i++) await new Promise(setImmediate);

@@ -1,7 +1,8 @@
 /**
  * The request lifecycle of `gymRoute`: a declared route's failures are JSON through the one error
  * path, the client leaving aborts the handler's signal, the prefix rule is applied, and admission
- * runs between the body and the handler with its release after the reply.
+ * runs between the body and the handler with its release after the reply; each request's
+ * access-timing line is written only when the server logs at `debug`.
  */
 import { once } from 'node:events';
 import { request as httpRequest, type Server } from 'node:http';
@@ -13,6 +14,8 @@ import { InvalidRequestError, StaleAttemptError } from '../src/errors.js';
 import { errorMiddleware, notFoundMiddleware } from '../src/express.js';
 import { type EpisodeId, rolloutPrefixMiddleware } from '../src/identity.js';
 import { type GymRoute, gymRoute, mountRoutes } from '../src/route.js';
+import { createGymApp } from '../src/server.js';
+import { captureLogLines } from './support/log-lines.js';
 
 const servers: Server[] = [];
 
@@ -243,5 +246,62 @@ describe('a client that goes away', () => {
     await until(() => seen.includes('released'), 'the release');
     expect(seen).toEqual(['running', 'aborted', 'released']);
     expect(logged).toEqual([]);
+  });
+});
+
+describe('the access-timing line', () => {
+  /** A gym app (createGymApp) with one templated route, logging JSON lines at `level`. */
+  async function serveLogged(level?: string) {
+    const { logger, lines } = captureLogLines(level === undefined ? {} : { level });
+    const gym = createGymApp({ name: 'timed', kind: 'resources', checkpoint: undefined, logger });
+    mountRoutes(gym.app, [
+      gymRoute({
+        method: 'post',
+        path: '/things/:id',
+        episode: 'optional',
+        body: { limit: '1kb', parse: (body) => body },
+        run: ({ body }) => {
+          if (body.refuse === true) throw new InvalidRequestError('refused');
+          return { ok: true };
+        },
+      }),
+    ]);
+    const server = gym.finish().listen(0, '127.0.0.1');
+    servers.push(server);
+    await once(server, 'listening');
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    return { url, lines, logger };
+  }
+
+  test('names the method, the declared route (not the URL), the status, the duration and the capture key', async () => {
+    const { url, lines } = await serveLogged('debug');
+    expect((await post(`${url}/ng-rollout/r-7-a2/things/42`, '{}')).status).toBe(200);
+    expect((await post(`${url}/things/43`, '{"refuse":true}')).status).toBe(422);
+    await until(() => lines.length >= 2, 'two access lines');
+    const [first, second] = lines;
+    expect(first).toMatchObject({
+      level: 'debug',
+      message: 'request',
+      method: 'POST',
+      route: '/things/:id',
+      status: 200,
+      capture_key: 'r-7-a2',
+    });
+    expect(typeof first?.ms).toBe('number');
+    expect(first?.ms as number).toBeGreaterThanOrEqual(0);
+    expect(first).not.toHaveProperty('aborted');
+    expect(second).toMatchObject({ route: '/things/:id', status: 422, capture_key: null });
+  });
+
+  test('is not written at the default level, and the reply is the same', async () => {
+    const { url, lines, logger } = await serveLogged();
+    const reply = await post(`${url}/ng-rollout/r-7/things/42`, '{}');
+    expect(reply).toEqual({ status: 200, retry: null, body: { ok: true } });
+    for (let i = 0; i < 10; i++) await new Promise(setImmediate);
+    // A line logged after the request arrives in order: had the access line been written, it
+    // would be before this one.
+    logger.info('after the request');
+    await until(() => lines.length >= 1, 'the info line');
+    expect(lines.map((line) => line.message)).toEqual(['after the request']);
   });
 });
