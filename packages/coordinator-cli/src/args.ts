@@ -548,12 +548,13 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
     resume: values.resume === true,
     checkpointEverySeconds:
       every === undefined ? undefined : parseSeconds('checkpoint-every', every),
-    format: format === undefined ? undefined : parseFormat(format),
+    format: format === undefined ? undefined : parseChoice('format', INPUT_FORMATS, format),
     limit: limit === undefined ? undefined : parseCount('limit', limit),
     numRepeats: repeats === undefined ? undefined : parseCount('num-repeats', repeats),
     rolloutCount:
       demo && rollouts !== undefined ? parseCount('rollouts', rollouts) : DEFAULT_DEMO_ROLLOUTS,
-    demoTools: tools === undefined ? 'direct_http' : parseDemoTools(tools),
+    demoTools:
+      tools === undefined ? 'direct_http' : parseChoice('tools', DEMO_TOOL_TRANSPORTS, tools),
   };
 }
 
@@ -584,24 +585,15 @@ function parseSeconds(name: string, text: string, zeroOk = false): number {
   return seconds;
 }
 
-function parseDemoTools(text: string): DemoToolTransport {
-  const transport = DEMO_TOOL_TRANSPORTS.find((name) => name === text);
-  if (transport === undefined) {
+/** `text` as one of an option's `choices`; anything else is a usage error naming them. */
+function parseChoice<T extends string>(option: string, choices: readonly T[], text: string): T {
+  const choice = choices.find((name) => name === text);
+  if (choice === undefined) {
     throw new UsageError(
-      `--tools must be ${DEMO_TOOL_TRANSPORTS.join(' or ')}, got ${JSON.stringify(text)}`,
+      `--${option} must be ${choices.join(' or ')}, got ${JSON.stringify(text)}`,
     );
   }
-  return transport;
-}
-
-function parseFormat(text: string): InputFormatOption {
-  const format = INPUT_FORMATS.find((name) => name === text);
-  if (format === undefined) {
-    throw new UsageError(
-      `--format must be ${INPUT_FORMATS.join(' or ')}, got ${JSON.stringify(text)}`,
-    );
-  }
-  return format;
+  return choice;
 }
 
 /** A whole number from 1 to 100000. */
