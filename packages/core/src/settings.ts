@@ -663,19 +663,13 @@ function portProblems(servers: ReadonlyArray<[string, RawServer]>): string[] {
   return problems;
 }
 
-/** SPEC §5: one worker per server, and no MCP tool exposure, while checkpointing is on. */
+/** SPEC §5: one worker per server while checkpointing is on. */
 function checkpointServerProblems(name: string, server: RawServer): string[] {
   const problems: string[] = [];
   if (server.num_workers > 1) {
     problems.push(
       `servers.${name}.num_workers: checkpointing requires num_workers: 1 (got ${server.num_workers}); ` +
         'several workers per server with checkpointing is planned work',
-    );
-  }
-  if (server.kind === 'resources' && server[MCP_EXPOSURE_KEY] === true) {
-    problems.push(
-      `servers.${name}.${MCP_EXPOSURE_KEY}: MCP tool exposure with checkpointing is planned work; ` +
-        `set ${MCP_EXPOSURE_KEY}: false or checkpoint.enabled: false`,
     );
   }
   return problems;

@@ -526,17 +526,13 @@ describe('checkpointing limits', () => {
     expect(serverSettings(parse(stack({ servers: [workers] })), 'policy').numWorkers).toBe(2);
   });
 
-  it('refuses MCP tool exposure with checkpointing on, saying it is planned work', () => {
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [mcp] }));
-    expect(err.message).toContain(
-      'servers.weather.expose_tools_over_mcp: MCP tool exposure with checkpointing is planned work',
-    );
-  });
-
-  it('allows MCP tool exposure with checkpointing off', () => {
-    expect(
-      serverSettings(parse(stack({ servers: [mcp] })), 'weather').config.expose_tools_over_mcp,
-    ).toBe(true);
+  it('allows MCP tool exposure with checkpointing on and off', () => {
+    for (const top of [CHECKPOINT_ON, '']) {
+      expect(
+        serverSettings(parse(stack({ top, servers: [mcp] })), 'weather').config
+          .expose_tools_over_mcp,
+      ).toBe(true);
+    }
   });
 
   it('refuses an agent capturing tokens through a model server outside the checkpoint gate', () => {
@@ -552,7 +548,8 @@ describe('checkpointing limits', () => {
   });
 
   it('reports every problem of a file at once', () => {
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, mcp] }));
+    const more = 'policy2: { kind: model, app: policy, port: 8104, num_workers: 3 }';
+    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, more, mcp] }));
     expect(err.message.split('\n')).toHaveLength(2);
   });
 });

@@ -8,7 +8,6 @@ import {
   CHECKPOINT_CLOSE_FOLLOWS_HEADER,
   CHECKPOINT_RESTART_HEADER,
   CHECKPOINT_VERIFY_HEADER,
-  ConfigError,
   type EpisodeId,
   isNativeBody,
   type JsonObject,
@@ -35,11 +34,12 @@ import {
   CLOSE_ROUTE,
   type Declarations,
   type HandlerContext,
-  mcpExposureProblem,
   type ResourcesServerDefinition,
   SEED_ROUTE,
   VERIFY_ROUTE,
 } from './definition.js';
+import { type McpExposure, mcpRoutes, mcpToolNames, resourcesTools } from './mcp.js';
+import { McpTokens, mcpTokenKey } from './mcp-token.js';
 import { checkPrefixMatches, NativeSessions, parseNativeClose, parseNativeSeed } from './native.js';
 import {
   type Admission,
@@ -57,7 +57,7 @@ export interface ResourcesServerOptions {
   /** Undefined when checkpointing is off. */
   readonly checkpoint: CheckpointSettings | undefined;
   readonly logger?: Logger;
-  /** `expose_tools_over_mcp`: refused (planned work). */
+  /** `expose_tools_over_mcp`: the tools at `POST /mcp` too (mcp.ts). */
   readonly exposeToolsOverMcp?: boolean;
   /** `session_secret`: signs the session cookie; see cookie.ts for the default. */
   readonly sessionSecret?: string;
@@ -124,6 +124,8 @@ interface ServerContext {
   readonly cookie: SessionCookie;
   readonly book: NativeSessions;
   readonly bodyLimit: string;
+  /** Present when the tools are exposed over MCP. */
+  readonly mcp: McpExposure | undefined;
 }
 
 export function createResourcesServer(
@@ -131,12 +133,6 @@ export function createResourcesServer(
   options: ResourcesServerOptions,
 ): ResourcesServer {
   const declarations = checkDefinition(definition);
-  const mcp = mcpExposureProblem(
-    options.exposeToolsOverMcp === true,
-    options.checkpoint !== undefined,
-  );
-  if (mcp) throw new ConfigError(`server ${options.name}: ${mcp}`);
-
   const logger = options.logger ?? createLogger({ server: options.name, kind: 'resources' });
   const book = new NativeSessions();
   const participant: Participant | undefined = options.checkpoint
@@ -152,25 +148,36 @@ export function createResourcesServer(
     participant,
     logger,
   });
-  const cookie = new SessionCookie(
-    options.name,
-    sessionSecret({
-      configured: options.sessionSecret,
-      controlAuthToken: options.checkpoint?.controlAuthToken,
-      serverName: options.name,
-    }),
-  );
+  const secret = sessionSecret({
+    configured: options.sessionSecret,
+    controlAuthToken: options.checkpoint?.controlAuthToken,
+    serverName: options.name,
+  });
+  const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
+  const mcp: McpExposure | undefined = options.exposeToolsOverMcp
+    ? {
+        serverName: options.name,
+        definition,
+        tools: mcpToolNames(definition, declarations),
+        tokens: new McpTokens(mcpTokenKey(secret)),
+        participant,
+        logger: gym.logger,
+        bodyLimit,
+      }
+    : undefined;
   const server: ServerContext = {
     definition,
     declarations,
     participant,
-    cookie,
+    cookie: new SessionCookie(options.name, secret),
     book,
-    bodyLimit: options.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    bodyLimit,
+    mcp,
   };
   mountRoutes(gym.app, [
     ...sessionRoutes(server).map((route) => sessionRoute(server, route)),
     aggregateRoute(server),
+    ...(mcp ? mcpRoutes(mcp) : []),
   ]);
   gym.finish();
   return { app: gym.app, logger: gym.logger, declarations, participant, plane: gym.plane };
@@ -257,7 +264,10 @@ function sessionRoutes(server: ServerContext): Route[] {
   return [seedRoute(server), closeRoute(server), verifyRoute(server), ...tools];
 }
 
-function seedRoute({ definition, book }: ServerContext): Route {
+function seedRoute({ definition, book, mcp }: ServerContext): Route {
+  // With MCP exposure, a seed's reply carries the token of the session it started.
+  const tools = (sessionId: string, episode: EpisodeId | undefined) =>
+    mcp ? resourcesTools(mcp, sessionId, episode) : null;
   return {
     role: 'start',
     path: SEED_ROUTE,
@@ -265,7 +275,10 @@ function seedRoute({ definition, book }: ServerContext): Route {
     run: async (ctx) => {
       const native = isNativeBody(ctx.body) ? parseNativeSeed(ctx.body) : undefined;
       if (native && !book.seed(native)) {
-        return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
+        return {
+          sessionId: ctx.sessionId,
+          reply: nativeSeedReply(ctx.sessionId, tools(ctx.sessionId, ctx.episode)),
+        };
       }
       let result;
       try {
@@ -275,8 +288,18 @@ function seedRoute({ definition, book }: ServerContext): Route {
         if (native) book.forget(native.resourcesSessionId);
         throw err;
       }
-      if (native) return { sessionId: ctx.sessionId, reply: nativeSeedReply(ctx.sessionId) };
-      return { sessionId: result?.sessionId ?? ctx.sessionId, reply: result?.reply ?? {} };
+      if (native) {
+        return {
+          sessionId: ctx.sessionId,
+          reply: nativeSeedReply(ctx.sessionId, tools(ctx.sessionId, ctx.episode)),
+        };
+      }
+      const sessionId = result?.sessionId ?? ctx.sessionId;
+      const reply = result?.reply ?? {};
+      return {
+        sessionId,
+        reply: mcp ? { ...reply, resources_tools: tools(sessionId, ctx.episode) } : reply,
+      };
     },
   };
 }
@@ -332,6 +355,6 @@ function aggregateRoute({ definition, bodyLimit }: ServerContext): GymRoute {
   });
 }
 
-function nativeSeedReply(sessionId: string): JsonObject {
-  return { resources_session_id: sessionId, resources_tools: null, sandbox_access: null };
+function nativeSeedReply(sessionId: string, tools: JsonObject | null): JsonObject {
+  return { resources_session_id: sessionId, resources_tools: tools, sandbox_access: null };
 }

@@ -27,12 +27,11 @@ export function sessionSecret(parts: {
   return randomBytes(32);
 }
 
-export class SessionCookie {
-  readonly name: string;
+/** Values signed with a secret: `<base64url text>.<base64url HMAC-SHA256>`. */
+export class SignedValues {
   readonly #secret: Buffer;
 
-  constructor(serverName: string, secret: Buffer) {
-    this.name = sessionCookieName(serverName);
+  constructor(secret: Buffer) {
     this.#secret = secret;
   }
 
@@ -40,13 +39,13 @@ export class SessionCookie {
     return createHmac('sha256', this.#secret).update(payload).digest();
   }
 
-  /** The cookie value naming `sessionId`. */
-  sign(sessionId: string): string {
-    const payload = Buffer.from(sessionId, 'utf8').toString('base64url');
+  /** The signed value carrying `text`. */
+  sign(text: string): string {
+    const payload = Buffer.from(text, 'utf8').toString('base64url');
     return `${payload}.${this.#mac(payload).toString('base64url')}`;
   }
 
-  /** The session id a value names, or undefined when it is malformed or its signature is wrong. */
+  /** The text a value carries, or undefined when it is malformed, empty or its signature is wrong. */
   verify(value: string): string | undefined {
     const dot = value.indexOf('.');
     if (dot <= 0) return undefined;
@@ -54,8 +53,28 @@ export class SessionCookie {
     const given = Buffer.from(value.slice(dot + 1), 'base64url');
     const expected = this.#mac(payload);
     if (given.length !== expected.length || !timingSafeEqual(given, expected)) return undefined;
-    const id = Buffer.from(payload, 'base64url').toString('utf8');
-    return id === '' ? undefined : id;
+    const text = Buffer.from(payload, 'base64url').toString('utf8');
+    return text === '' ? undefined : text;
+  }
+}
+
+export class SessionCookie {
+  readonly name: string;
+  readonly #values: SignedValues;
+
+  constructor(serverName: string, secret: Buffer) {
+    this.name = sessionCookieName(serverName);
+    this.#values = new SignedValues(secret);
+  }
+
+  /** The cookie value naming `sessionId`. */
+  sign(sessionId: string): string {
+    return this.#values.sign(sessionId);
+  }
+
+  /** The session id a value names, or undefined when it is malformed or its signature is wrong. */
+  verify(value: string): string | undefined {
+    return this.#values.verify(value);
   }
 
   /** The session id of a request's `Cookie` header, if it carries a valid one. */

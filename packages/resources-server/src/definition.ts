@@ -10,7 +10,6 @@ import {
   type JsonObject,
   type JsonValue,
 } from '@ckpt-gym/core/protocol';
-import { MCP_EXPOSURE_KEY } from '@ckpt-gym/core/server';
 
 export const CHECKPOINT_MODES = ['restart_only', 'stateless', 'exported'] as const;
 export type CheckpointMode = (typeof CHECKPOINT_MODES)[number];
@@ -206,16 +205,4 @@ export function checkDefinition(def: ResourcesServerDefinition): Declarations {
       retireSessionState: hooks.retireSessionState?.bind(hooks) ?? noopHook,
     },
   };
-}
-
-/**
- * MCP tool exposure is planned work (SPEC §5). Core's settings refuse it with checkpointing on when
- * a stack file is parsed; a server built directly is refused here, and with checkpointing off too,
- * since no MCP endpoint exists to honour the setting.
- */
-export function mcpExposureProblem(expose: boolean, checkpointing: boolean): string | undefined {
-  if (!expose) return undefined;
-  return checkpointing
-    ? `${MCP_EXPOSURE_KEY}: MCP tool exposure with checkpointing is planned work; set ${MCP_EXPOSURE_KEY}: false or checkpoint.enabled: false`
-    : `${MCP_EXPOSURE_KEY}: MCP tool exposure is planned work; tools are served over HTTP only`;
 }

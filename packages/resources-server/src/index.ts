@@ -3,6 +3,8 @@ export * from './definition.js';
 export * from './sessions.js';
 export * from './participant.js';
 export * from './cookie.js';
+export * from './mcp.js';
+export * from './mcp-token.js';
 export * from './native.js';
 export * from './responses.js';
 export * from './app.js';

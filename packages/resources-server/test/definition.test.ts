@@ -1,5 +1,4 @@
 import { ConfigError } from '@ckpt-gym/core/protocol';
-import { MCP_EXPOSURE_KEY } from '@ckpt-gym/core/server';
 
 import {
   checkDefinition,
@@ -79,18 +78,13 @@ describe('startup checks', () => {
     expect(() => build(def, false)).toThrow(/tool 'verify' uses a reserved name/);
   });
 
-  test('a server configured to expose tools over MCP refuses to start with checkpointing on', () => {
-    expect(() => build(probeServer(), true, { mcp: true })).toThrow(
-      new RegExp(`${MCP_EXPOSURE_KEY}: MCP tool exposure with checkpointing is planned work`),
-    );
-  });
-
-  test('MCP exposure is refused with checkpointing off too, since no MCP endpoint exists', () => {
-    expect(() => build(probeServer(), false, { mcp: true })).toThrow(
-      /MCP tool exposure is planned work/,
-    );
-    expect(() => build(probeServer(), true, { mcp: false })).not.toThrow();
-  });
+  test.each([true, false])(
+    'a server configured to expose tools over MCP starts (checkpointing %s)',
+    (on) => {
+      expect(() => build(probeServer(), on, { mcp: true })).not.toThrow();
+      expect(() => build(probeServer(), on, { mcp: false })).not.toThrow();
+    },
+  );
 });
 
 describe('verifier declarations', () => {

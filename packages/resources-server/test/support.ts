@@ -143,6 +143,8 @@ export interface StartOptions {
   checkpoint?: boolean;
   name?: string;
   sessionSecret?: string;
+  /** `expose_tools_over_mcp`. */
+  mcp?: boolean;
 }
 
 const running = new Set<TestServer>();
@@ -161,6 +163,7 @@ export async function startServer(
         : { enabled: true, controlAuthToken: TOKEN, leaseGraceSeconds: 600 },
     logger,
     sessionSecret: options.sessionSecret,
+    exposeToolsOverMcp: options.mcp,
   });
   const server = new TestServer(built, await listen(built.app, 0), logger);
   running.add(server);

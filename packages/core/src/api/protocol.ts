@@ -48,6 +48,7 @@ export {
   RolloutRetiredError,
   StaleAttemptError,
   toClientError,
+  UnauthorizedError,
   UpstreamError,
 } from '../errors.js';
 export {
@@ -98,10 +99,12 @@ export { type ChatCompletionRequest, parseChatCompletionRequest } from '../wire/
 export {
   isNativeBody,
   type NativeCloseRequest,
+  type NativeSeedReply,
   type NativeSeedRequest,
   parseNativeCloseRequest,
   parseNativeSeedRequest,
   type ResourcesTaskId,
+  type ResourcesTools,
 } from '../wire/resources-sessions.js';
 export {
   type AggregateMetricsRequest,
