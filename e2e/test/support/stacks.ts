@@ -17,6 +17,11 @@ export interface StackOptions {
   checkpointVerify?: 'wait' | 'replay';
   /** `checkpoint_generation_cuts` on the policy model. */
   generationCuts?: boolean;
+  /**
+   * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
+   * and Simple Agent takes them over MCP (`direct_http` by default).
+   */
+  tools?: 'direct_http' | 'mcp';
 }
 
 /** Files the slow-verify server reads and writes, relative to the run directory. */
@@ -59,17 +64,37 @@ function common(options: StackOptions, agentResources: string, inferencePort: nu
       port: 0,
       model_server: 'policy',
       resources_server: agentResources,
+      ...(options.tools === 'mcp' ? { tool_transport: 'mcp' } : {}),
     }),
   ];
 }
 
-function environment(name: string, resources: string, app = 'single_agent_turn'): string {
-  return server(name, {
+function environment(
+  name: string,
+  resources: string,
+  app = 'single_agent_turn',
+  options: StackOptions = {},
+): string {
+  const line = server(name, {
     kind: 'environment',
     app,
     port: 0,
     agent_server: 'simple_agent',
     resources_server: resources,
+  });
+  // A list, which `server` does not write.
+  return options.tools === 'mcp'
+    ? line.replace(/ }$/, ', resources_tool_transports: [mcp] }')
+    : line;
+}
+
+/** A resources server's entry, its tools over MCP when `options.tools` says so. */
+function resources(name: string, app: string, options: StackOptions): string {
+  return server(name, {
+    kind: 'resources',
+    app,
+    port: 0,
+    ...(options.tools === 'mcp' ? { expose_tools_over_mcp: true } : {}),
   });
 }
 
@@ -88,8 +113,8 @@ export function stackYaml(
     case 'native':
       lines.push(
         ...common(options, 'weather', inferencePort),
-        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
-        environment('env', 'weather'),
+        resources('weather', 'weather', options),
+        environment('env', 'weather', undefined, options),
       );
       break;
     case 'legacy':
@@ -104,8 +129,8 @@ export function stackYaml(
     case 'counter':
       lines.push(
         ...common({ ...options, script: 'counter' }, 'counter', inferencePort),
-        server('counter', { kind: 'resources', app: 'counter', port: 0 }),
-        environment('env', 'counter'),
+        resources('counter', 'counter', options),
+        environment('env', 'counter', undefined, options),
       );
       break;
     case 'slow':
