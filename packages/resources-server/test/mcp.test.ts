@@ -4,12 +4,30 @@
  * its attempt, and the checkpoint semantics of the one POST that carries each tool call.
  */
 import type { JsonObject } from '@ckpt-gym/core/protocol';
+import { Gate, until } from '@ckpt-gym/testing';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import type { CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 
-import { counterServer, weatherServer } from '../src/index.js';
-import { cleanUp, startServer, type TestServer } from './support.js';
+import {
+  counterServer,
+  McpTokens,
+  mcpTokenKey,
+  sessionSecret,
+  weatherServer,
+} from '../src/index.js';
+import { probeServer } from './probe.js';
+import {
+  checkpoint,
+  cleanUp,
+  episodeJson,
+  restore,
+  startServer,
+  tempDir,
+  type TestServer,
+  TOKEN,
+  track,
+} from './support.js';
 
 const clients = new Set<Client>();
 
@@ -60,6 +78,48 @@ function replyOf(result: unknown): JsonObject {
   const content = (result as CallToolResult).content[0];
   if (content?.type !== 'text') throw new Error(`no text content: ${JSON.stringify(result)}`);
   return JSON.parse(content.text) as JsonObject;
+}
+
+const soon = (): number => Date.now() / 1000 + 30;
+/** A deadline just ahead: prepare answers almost at once with the current report. */
+const brief = (): number => Date.now() / 1000 + 0.05;
+let ids = 0;
+const opId = (): string => `op-${++ids}`;
+
+/** The HTTP status and body text of an MCP POST the server refused. */
+async function refusal(call: Promise<unknown>): Promise<{ code: number; message: string }> {
+  try {
+    await call;
+  } catch (err) {
+    return { code: (err as { code: number }).code, message: (err as Error).message };
+  }
+  throw new Error('the call was not refused');
+}
+
+/** The claims of an MCP token, read without its signature. */
+function claimsOf(tools: JsonObject): JsonObject {
+  const bearer = (tools.headers as Record<string, string>).Authorization as string;
+  const payload = bearer.replace(/^Bearer /, '').split('.')[0] as string;
+  return JSON.parse(Buffer.from(payload, 'base64url').toString('utf8')) as JsonObject;
+}
+
+/** The grant of a token minted with the server's key, for a session and an attempt of our choice. */
+function forgedGrant(sessionId: string, tools: string[], episode?: string): JsonObject {
+  const key = mcpTokenKey(sessionSecret({ controlAuthToken: TOKEN, serverName: 'res' }));
+  const token = new McpTokens(key).mint(
+    sessionId,
+    tools,
+    episode === undefined ? undefined : { rollout_id: episode, attempt: 0 },
+  );
+  return { url_path: '/mcp', headers: { Authorization: `Bearer ${token}` } };
+}
+
+function retire(server: TestServer, keys: string[]) {
+  return server.control('retire', {
+    checkpoint_id: opId(),
+    deadline_ts: soon(),
+    episode_ids: keys.map(episodeJson),
+  });
 }
 
 describe('tools over MCP', () => {
@@ -121,4 +181,171 @@ describe('tools over MCP', () => {
       }
     },
   );
+});
+
+describe('MCP session tokens', () => {
+  test('a token minted with checkpointing names the attempt that seeded it; without, only its session and tools', async () => {
+    const on = await startServer(counterServer(), { mcp: true });
+    const onClaims = claimsOf((await seed(on, 'r7-a2')).tools);
+    expect(onClaims).toEqual({
+      session_id: expect.any(String),
+      tools: ['increment_counter', 'get_counter_value'],
+      episode: 'r7-a2',
+    });
+    const off = await startServer(counterServer(), { mcp: true, checkpoint: false });
+    expect(Object.keys(claimsOf((await seed(off, 'r7-a2')).tools)).sort()).toEqual([
+      'session_id',
+      'tools',
+    ]);
+  });
+
+  test("the token key is deterministic: a second process with the same secret reads the first one's token", async () => {
+    const first = await startServer(counterServer(), {
+      mcp: true,
+      checkpoint: false,
+      sessionSecret: 's',
+    });
+    const second = await startServer(counterServer(), {
+      mcp: true,
+      checkpoint: false,
+      sessionSecret: 's',
+    });
+    const { tools } = await seed(first, undefined);
+    const client = await connect(second, tools);
+    expect((await client.listTools()).tools).toHaveLength(2);
+  });
+
+  test('a call without a valid token is refused 401 unauthorized', async () => {
+    const server = await startServer(counterServer(), { mcp: true });
+    const forged = { url_path: '/mcp', headers: { Authorization: 'Bearer bm9wZQ.bm9wZQ' } };
+    const refused = await refusal(connect(server, forged));
+    expect(refused.code).toBe(401);
+    expect(refused.message).toContain('unauthorized');
+  });
+
+  test("with checkpointing on, a token that names no attempt, or another attempt than the session's, is refused stale_attempt before its tool runs", async () => {
+    const probe = probeServer();
+    const server = await startServer(probe, { mcp: true });
+    await seed(server, 'r1');
+    const sessionId = [...probe.values.keys()][0] as string;
+    for (const grant of [
+      forgedGrant(sessionId, ['bump']),
+      forgedGrant(sessionId, ['bump'], 'r2'),
+    ]) {
+      const client = await connect(server, grant);
+      const refused = await refusal(client.callTool({ name: 'bump', arguments: {} }));
+      expect(refused.code).toBe(409);
+      expect(refused.message).toContain('stale_attempt');
+    }
+    expect(probe.calls.tool).toBe(0);
+    const own = await connect(server, forgedGrant(sessionId, ['bump'], 'r1'));
+    expect(replyOf(await own.callTool({ name: 'bump', arguments: {} }))).toEqual({ value: 1 });
+  });
+});
+
+describe('checkpoints and MCP tool calls', () => {
+  test('a tool call made while a checkpoint is open waits, runs after resume, and the checkpoint holds the state from before it; a replayable /verify is admitted at once', async () => {
+    const probe = probeServer('exported', 'replay');
+    const server = await startServer(probe, { mcp: true });
+    const { cookie, tools } = await seed(server, 'r1');
+    const client = await connect(server, tools);
+    await client.callTool({ name: 'bump', arguments: {} });
+    expect((await server.ok('prepare', { checkpoint_id: 'c1' })).phase).toBe('prepared');
+
+    const call = track(client.callTool({ name: 'bump', arguments: {} }));
+    await until(() => server.participant.readiness().counts.waiting === 1, 'the call to wait');
+    const headers = { 'x-ng-checkpoint-close-follows': '1' };
+    const verified = await server.post('/verify', {}, { cookie, key: 'r1', headers });
+    expect(verified.status).toBe(200);
+    const dir = await tempDir();
+    await server.ok('commit', {
+      checkpoint_id: 'c1',
+      checkpoint_dir: dir,
+      episode_ids: [episodeJson('r1')],
+    });
+    expect(probe.calls.tool).toBe(1);
+    expect(call.done).toBe(false);
+
+    await server.ok('resume', { checkpoint_id: 'c1' });
+    expect(replyOf(await call.promise)).toEqual({ value: 2 });
+    const fresh = probeServer('exported', 'replay');
+    await restore(await startServer(fresh, { mcp: true }), 'c2', dir, ['r1']);
+    expect([...fresh.values.values()]).toEqual([1]);
+  });
+
+  test('a tool call in flight holds up prepare', async () => {
+    const probe = probeServer();
+    const server = await startServer(probe, { mcp: true });
+    const client = await connect(server, (await seed(server, 'r1')).tools);
+    probe.gates.tool = new Gate();
+    const call = track(client.callTool({ name: 'bump', arguments: {} }));
+    await until(() => probe.calls.tool === 1, 'the tool to run');
+    const blocked = await server.control('prepare', { checkpoint_id: 'c1', deadline_ts: brief() });
+    expect(blocked.body).toMatchObject({ report: { ready: false, blockers: ['r1'] } });
+    probe.gates.tool.open();
+    expect(replyOf(await call.promise)).toEqual({ value: 1 });
+    await server.ok('resume', { checkpoint_id: 'c1' });
+    const prepared = await server.ok('prepare', { checkpoint_id: 'c2', deadline_ts: soon() });
+    expect(prepared).toMatchObject({ phase: 'prepared', report: { ready: true } });
+  });
+
+  test('a retire drains an MCP call in flight and refuses the next one', async () => {
+    const probe = probeServer();
+    const server = await startServer(probe, { mcp: true });
+    const client = await connect(server, (await seed(server, 'r1')).tools);
+    const sessionId = [...probe.values.keys()][0] as string;
+    probe.gates.tool = new Gate();
+    const call = track(client.callTool({ name: 'bump', arguments: {} }));
+    await until(() => probe.calls.tool === 1, 'the tool to run');
+    const retiring = track(retire(server, ['r1']));
+    await until(() => !server.participant.isOpen(sessionId), 'the fence');
+    expect(probe.calls.retired).toEqual([]);
+    expect(retiring.done).toBe(false);
+
+    probe.gates.tool.open();
+    expect(replyOf(await call.promise)).toEqual({ value: 1 });
+    expect((await retiring.promise).status).toBe(200);
+    expect(probe.calls.retired).toEqual([sessionId]);
+    const refused = await refusal(client.callTool({ name: 'bump', arguments: {} }));
+    expect(refused.code).toBe(409);
+    expect(refused.message).toContain('stale_attempt');
+    expect(probe.calls.tool).toBe(1);
+  });
+
+  test("after a restore the replaced attempt's token is refused stale_attempt before its tool runs, and a seed of the replacement with the session's cookie gets a token that continues the restored counter", async () => {
+    const first = await startServer(counterServer(), { mcp: true });
+    const seeded = await seed(first, 'r1', { initial_count: 0 });
+    const old = await connect(first, seeded.tools);
+    await old.callTool({ name: 'increment_counter', arguments: { count: 3 } });
+    const dir = await checkpoint(first, 'c1', ['r1']);
+    await first.close();
+
+    const counter = counterServer();
+    const second = await startServer(counter, { mcp: true });
+    await restore(second, 'c2', dir, ['r1']);
+    const stale = await connect(second, seeded.tools);
+    const refused = await refusal(
+      stale.callTool({ name: 'increment_counter', arguments: { count: 9 } }),
+    );
+    expect(refused.code).toBe(409);
+    expect(refused.message).toContain('stale_attempt');
+    expect([...counter.counters.values()]).toEqual([3]);
+    expect(second.participant.restoredPending()).toEqual([{ rollout_id: 'r1', attempt: 1 }]);
+
+    const replacement = await seed(second, 'r1-a1', { initial_count: 0 }, seeded.cookie);
+    expect(claimsOf(replacement.tools).episode).toBe('r1-a1');
+    const fresh = await connect(second, replacement.tools);
+    expect(replyOf(await fresh.callTool({ name: 'get_counter_value', arguments: {} }))).toEqual({
+      count: 3,
+    });
+    await fresh.callTool({ name: 'increment_counter', arguments: { count: 2 } });
+    const verified = await second.post(
+      '/verify',
+      { expected_count: 5 },
+      { cookie: seeded.cookie, key: 'r1-a1' },
+    );
+    expect(verified.body.reward).toBe(1);
+    const still = await refusal(stale.callTool({ name: 'get_counter_value', arguments: {} }));
+    expect(still.message).toContain('stale_attempt');
+  });
 });

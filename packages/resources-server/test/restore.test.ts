@@ -3,7 +3,15 @@ import { jest } from '@jest/globals';
 
 import { counterServer, SessionTable, weatherServer } from '../src/index.js';
 import { type Probe, probeServer } from './probe.js';
-import { cleanUp, episodeJson, startServer, tempDir, type TestServer, track } from './support.js';
+import {
+  checkpoint,
+  cleanUp,
+  episodeJson,
+  restore,
+  startServer,
+  tempDir,
+  track,
+} from './support.js';
 
 afterEach(async () => {
   jest.restoreAllMocks();
@@ -11,34 +19,6 @@ afterEach(async () => {
 });
 
 const soon = (): number => Date.now() / 1000 + 30;
-
-/** prepare + commit `keys` into a new directory + resume; returns the directory. */
-async function checkpoint(
-  server: TestServer,
-  checkpointId: string,
-  keys: string[] | null,
-): Promise<string> {
-  const dir = await tempDir();
-  const prepared = await server.ok('prepare', { checkpoint_id: checkpointId });
-  expect(prepared.phase).toBe('prepared');
-  await server.ok('commit', {
-    checkpoint_id: checkpointId,
-    checkpoint_dir: dir,
-    episode_ids: keys === null ? null : keys.map(episodeJson),
-  });
-  await server.ok('resume', { checkpoint_id: checkpointId });
-  return dir;
-}
-
-async function restore(server: TestServer, checkpointId: string, dir: string, keys: string[]) {
-  const reply = await server.ok('restore', {
-    checkpoint_id: checkpointId,
-    checkpoint_dir: dir,
-    episode_ids: keys.map(episodeJson),
-  });
-  await server.ok('resume', { checkpoint_id: checkpointId });
-  return reply;
-}
 
 function nativeSeed(id: string, key: string, taskData: object) {
   return {

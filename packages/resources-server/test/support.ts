@@ -221,3 +221,36 @@ export function track<T>(promise: Promise<T>): { done: boolean; promise: Promise
   );
   return tracked;
 }
+
+/** prepare + commit `keys` into a new directory + resume; returns the directory. */
+export async function checkpoint(
+  server: TestServer,
+  checkpointId: string,
+  keys: string[] | null,
+): Promise<string> {
+  const dir = await tempDir();
+  const prepared = await server.ok('prepare', { checkpoint_id: checkpointId });
+  expect(prepared.phase).toBe('prepared');
+  await server.ok('commit', {
+    checkpoint_id: checkpointId,
+    checkpoint_dir: dir,
+    episode_ids: keys === null ? null : keys.map(episodeJson),
+  });
+  await server.ok('resume', { checkpoint_id: checkpointId });
+  return dir;
+}
+
+export async function restore(
+  server: TestServer,
+  checkpointId: string,
+  dir: string,
+  keys: string[],
+) {
+  const reply = await server.ok('restore', {
+    checkpoint_id: checkpointId,
+    checkpoint_dir: dir,
+    episode_ids: keys.map(episodeJson),
+  });
+  await server.ok('resume', { checkpoint_id: checkpointId });
+  return reply;
+}
