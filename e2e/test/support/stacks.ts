@@ -6,7 +6,7 @@
 
 export const TOKEN = 'e2e-checkpoint-token';
 
-export type StackShape = 'native' | 'legacy' | 'counter' | 'slow' | 'mixed';
+export type StackShape = 'native' | 'native_mcp' | 'legacy' | 'counter' | 'slow' | 'mixed';
 
 export interface StackOptions {
   /** The fake backend's default script (`weather` unless the shape needs another). */
@@ -74,12 +74,13 @@ function environment(
   resources: string,
   app = 'single_agent_turn',
   options: StackOptions = {},
+  agent = 'simple_agent',
 ): string {
   const line = server(name, {
     kind: 'environment',
     app,
     port: 0,
-    agent_server: 'simple_agent',
+    agent_server: agent,
     resources_server: resources,
   });
   // A list, which `server` does not write.
@@ -115,6 +116,24 @@ export function stackYaml(
         ...common(options, 'weather', inferencePort),
         resources('weather', 'weather', options),
         environment('env', 'weather', undefined, options),
+      );
+      break;
+    case 'native_mcp':
+      // The native stack, and beside it a second agent and environment whose rollouts take the
+      // same weather server's tools over MCP.
+      lines.push(
+        ...common(options, 'weather', inferencePort),
+        resources('weather', 'weather', { tools: 'mcp' }),
+        environment('env', 'weather'),
+        server('mcp_agent', {
+          kind: 'agent',
+          app: 'simple',
+          port: 0,
+          model_server: 'policy',
+          resources_server: 'weather',
+          tool_transport: 'mcp',
+        }),
+        environment('mcp_env', 'weather', undefined, { tools: 'mcp' }, 'mcp_agent'),
       );
       break;
     case 'legacy':
