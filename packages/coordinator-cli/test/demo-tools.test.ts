@@ -1,7 +1,24 @@
-/** `demo --tools`: the option, the stack it writes, and what counts as a repeated model call. */
+/**
+ * `demo --tools`: the option, the stack it writes, what counts as a repeated model call, and the
+ * demo run with its tools over MCP (spawned processes, a real crash and restore).
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
 import { parse } from 'yaml';
 
-import { demoStackText, parseCommandLine, repeatedCalls } from '../src/index.js';
+import {
+  type DemoReport,
+  demoStackText,
+  ExitCode,
+  parseCommandLine,
+  repeatedCalls,
+} from '../src/index.js';
+import { ensureBuilt } from './support/build.js';
+import { cli } from './support/cli.js';
+
+beforeAll(() => ensureBuilt(), 300_000);
 
 type Servers = Record<string, Record<string, unknown>>;
 
@@ -44,3 +61,26 @@ test('a rollout that started over may make its calls again; a continued one may 
   expect(repeatedCalls(log, new Set(['r']))).toBe(1);
   expect(repeatedCalls(log, new Set(['r', 'q']))).toBe(0);
 });
+
+test('demo --tools mcp: every rollout in flight at the crash starts over and finishes once with reward 1', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'ckpt-gym-demo-mcp-test-'));
+  try {
+    const run = await cli(['demo', '--tools', 'mcp', '--rollouts', '4', '--json'], dir);
+    const report = run.json() as unknown as DemoReport & { exit_code: number };
+    expect(report).toMatchObject({
+      exit_code: ExitCode.OK,
+      ok: true,
+      tools: 'mcp',
+      rollouts: 4,
+      finished_before_checkpoint: 1,
+      // An episode that grants MCP access is a restart: none is continued.
+      continued: 0,
+      restarted: 3,
+      repeated_model_calls: 0,
+      not_exactly_once: [],
+      rewards: { '1': 4 },
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}, 180_000);
