@@ -215,6 +215,25 @@ describe('MCP session tokens', () => {
     expect((await client.listTools()).tools).toHaveLength(2);
   });
 
+  test('a batch of JSON-RPC messages is refused 422, and GET /mcp is 405', async () => {
+    const server = await startServer(counterServer(), { mcp: true });
+    const { tools } = await seed(server, 'r1');
+    const headers = tools.headers as Record<string, string>;
+    const call = {
+      jsonrpc: '2.0',
+      id: 1,
+      method: 'tools/call',
+      params: { name: 'get_counter_value' },
+    };
+    const batch = await server.post('/mcp', [call, { ...call, id: 2 }], {
+      headers: { ...headers, accept: 'application/json, text/event-stream' },
+    });
+    expect(batch.status).toBe(422);
+    expect(batch.body.error).toMatchObject({ code: 'invalid_request' });
+    const get = await fetch(`${server.url}/mcp`, { headers });
+    expect([get.status, get.headers.get('allow')]).toEqual([405, 'POST']);
+  });
+
   test('a call without a valid token is refused 401 unauthorized', async () => {
     const server = await startServer(counterServer(), { mcp: true });
     const forged = { url_path: '/mcp', headers: { Authorization: 'Bearer bm9wZQ.bm9wZQ' } };
@@ -347,5 +366,54 @@ describe('checkpoints and MCP tool calls', () => {
     expect(verified.body.reward).toBe(1);
     const still = await refusal(stale.callTool({ name: 'get_counter_value', arguments: {} }));
     expect(still.message).toContain('stale_attempt');
+  });
+
+  test('a stale harness cannot create state for a session the fresh process never saw', async () => {
+    const first = await startServer(probeServer('stateless'), { mcp: true });
+    const { tools } = await seed(first, 'r1');
+    const dir = await checkpoint(first, 'c1', ['r1']);
+    await first.close();
+
+    const probe = probeServer('stateless');
+    const second = await startServer(probe, { mcp: true });
+    await restore(second, 'c2', dir, ['r1']);
+    const stale = await connect(second, tools);
+    const refused = await refusal(stale.callTool({ name: 'bump', arguments: {} }));
+    expect(refused.code).toBe(409);
+    expect(refused.message).toContain('stale_attempt');
+    expect(probe.calls.tool).toBe(0);
+    expect(probe.values.size).toBe(0);
+  });
+
+  test("a second restore refuses the first replacement's token", async () => {
+    const first = await startServer(counterServer(), { mcp: true });
+    const seeded = await seed(first, 'r1');
+    await (
+      await connect(first, seeded.tools)
+    ).callTool({ name: 'increment_counter', arguments: {} });
+    const dir1 = await checkpoint(first, 'c1', ['r1']);
+    await first.close();
+
+    const second = await startServer(counterServer(), { mcp: true });
+    await restore(second, 'c2', dir1, ['r1']);
+    const replacement = await seed(second, 'r1-a1', {}, seeded.cookie);
+    const a1 = await connect(second, replacement.tools);
+    await a1.callTool({ name: 'increment_counter', arguments: {} });
+    const dir2 = await checkpoint(second, 'c3', ['r1-a1']);
+    await second.close();
+
+    const counter = counterServer();
+    const third = await startServer(counter, { mcp: true });
+    await restore(third, 'c4', dir2, ['r1-a1']);
+    for (const grant of [seeded.tools, replacement.tools]) {
+      const stale = await connect(third, grant);
+      const refused = await refusal(stale.callTool({ name: 'increment_counter', arguments: {} }));
+      expect(refused.message).toContain('stale_attempt');
+    }
+    expect([...counter.counters.values()]).toEqual([2]);
+    const a2 = await connect(third, (await seed(third, 'r1-a2', {}, seeded.cookie)).tools);
+    expect(replyOf(await a2.callTool({ name: 'get_counter_value', arguments: {} }))).toEqual({
+      count: 2,
+    });
   });
 });
