@@ -274,12 +274,11 @@ function seedRoute({ definition, book, mcp }: ServerContext): Route {
     sessionOf: nativeOrCookieSession(parseNativeSeed),
     run: async (ctx) => {
       const native = isNativeBody(ctx.body) ? parseNativeSeed(ctx.body) : undefined;
-      if (native && !book.seed(native)) {
-        return {
-          sessionId: ctx.sessionId,
-          reply: nativeSeedReply(ctx.sessionId, tools(ctx.sessionId, ctx.episode)),
-        };
-      }
+      const nativeOutcome = (): Outcome => ({
+        sessionId: ctx.sessionId,
+        reply: nativeSeedReply(ctx.sessionId, tools(ctx.sessionId, ctx.episode)),
+      });
+      if (native && !book.seed(native)) return nativeOutcome();
       let result;
       try {
         result = await definition.seedSession?.({ ...ctx, native });
@@ -288,12 +287,7 @@ function seedRoute({ definition, book, mcp }: ServerContext): Route {
         if (native) book.forget(native.resourcesSessionId);
         throw err;
       }
-      if (native) {
-        return {
-          sessionId: ctx.sessionId,
-          reply: nativeSeedReply(ctx.sessionId, tools(ctx.sessionId, ctx.episode)),
-        };
-      }
+      if (native) return nativeOutcome();
       const sessionId = result?.sessionId ?? ctx.sessionId;
       const reply = result?.reply ?? {};
       return {
