@@ -1,6 +1,9 @@
 /**
  * Random sequences over ten rollouts on the native stack, with the backend gated: starts, releases
- * of gated model calls, checkpoints (then resume or crash and restore), and retires. At the end
+ * of gated model calls, checkpoints (then resume or crash and restore), and retires. The odd
+ * rollouts run on MCP tools (their own agent and environment over the same weather server): an
+ * episode that grants MCP access is a restart, so it keeps running through a checkpoint, is not
+ * exported, and starts over after a crash. At the end
  * every reward is 1.0, the model made at most two calls per attempt dispatched, every server is
  * idle with nothing tracked and no marks, and every committed checkpoint reads back.
  *
@@ -17,6 +20,8 @@ import { weatherEpisode } from './support/stacks.js';
 afterEach(closeAll);
 
 const ROLLOUTS = 10;
+/** The environment of the rollouts on MCP tools. */
+const MCP_ENV = 'mcp_env';
 const STEPS = 30;
 
 /** mulberry32: a small seeded PRNG, so a seed replays the same sequence of operations. */
@@ -39,6 +44,8 @@ interface Rollout {
   /** Bumped on every dispatch: a late reply of an older dispatch is ignored. */
   dispatch: number;
   state: 'pending' | 'running' | 'refused' | 'done';
+  /** The environment it runs on: `env` (direct HTTP tools) or `mcp_env` (MCP tools). */
+  env: string;
   reward?: unknown;
   /** Settles when the current dispatch's reply arrived (or its connection was cut). */
   settled?: Promise<void>;
@@ -61,6 +68,7 @@ class Sequence {
       attempt: 0,
       dispatch: 0,
       state: 'pending' as const,
+      env: i % 2 === 1 ? MCP_ENV : 'env',
     }));
   }
 
@@ -73,7 +81,7 @@ class Sequence {
     const mine = r.dispatch;
     r.state = 'running';
     this.attemptsDispatched += 1;
-    const run = this.dep.post('env', '/run', weatherEpisode(r.id, r.attempt));
+    const run = this.dep.post(r.env, '/run', weatherEpisode(r.id, r.attempt));
     r.settled = run.reply.then(
       (reply) => {
         if (r.dispatch !== mine) return;
@@ -182,17 +190,29 @@ class Sequence {
       }
       return;
     }
-    const env = await this.dep.status('env');
-    const scope = [...(env.episodes as string[]), ...(env.restored_pending as string[])].map(
-      parseCaptureKey,
+    const envs = [await this.dep.status('env'), await this.dep.status(MCP_ENV)];
+    const scope = envs
+      .flatMap((env) => [...(env.episodes as string[]), ...(env.restored_pending as string[])])
+      .map(parseCaptureKey);
+    // The restarts prepare reported (rollouts on MCP tools) are left out of the scope.
+    const inScope = prepared.continued(scope);
+    const replies = await commit(
+      participants,
+      id,
+      this.dep.checkpointDir(id),
+      inScope,
+      deadline(10),
     );
-    const replies = await commit(participants, id, this.dep.checkpointDir(id), scope, deadline(10));
     this.committed.push(id);
-    const exported = new Set(replies.env?.episode_ids as string[]);
-    // What was not exported has replied (finished before the checkpoint, or was refused).
+    const exported = new Set([
+      ...((replies.env?.episode_ids ?? []) as string[]),
+      ...((replies[MCP_ENV]?.episode_ids ?? []) as string[]),
+    ]);
+    // What was not exported has replied (finished before the checkpoint, or was refused), but
+    // for a rollout on MCP tools: a restart, it keeps running through the checkpoint.
     await Promise.all(
       this.running()
-        .filter((r) => !exported.has(captureKey(ep(r.id, r.attempt))))
+        .filter((r) => !exported.has(captureKey(ep(r.id, r.attempt))) && r.env !== MCP_ENV)
         .map((r) => r.settled),
     );
     if (this.random() < 0.5) {
@@ -262,7 +282,7 @@ for (const seed of seeds()) {
   scenario(
     `a random sequence keeps every rollout exactly once (seed ${seed}; replay with CKPT_GYM_E2E_SEED=${seed})`,
     async () => {
-      const dep = await Deployment.start('native');
+      const dep = await Deployment.start('native_mcp');
       await dep.backend('/_ctl/gate', { closed: true });
       const sequence = new Sequence(dep, prng(seed));
       try {

@@ -6,7 +6,7 @@
 
 export const TOKEN = 'e2e-checkpoint-token';
 
-export type StackShape = 'native' | 'legacy' | 'counter' | 'slow' | 'mixed';
+export type StackShape = 'native' | 'native_mcp' | 'legacy' | 'counter' | 'slow' | 'mixed';
 
 export interface StackOptions {
   /** The fake backend's default script (`weather` unless the shape needs another). */
@@ -17,6 +17,11 @@ export interface StackOptions {
   checkpointVerify?: 'wait' | 'replay';
   /** `checkpoint_generation_cuts` on the policy model. */
   generationCuts?: boolean;
+  /**
+   * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
+   * and Simple Agent takes them over MCP (`direct_http` by default).
+   */
+  tools?: 'direct_http' | 'mcp';
 }
 
 /** Files the slow-verify server reads and writes, relative to the run directory. */
@@ -59,17 +64,38 @@ function common(options: StackOptions, agentResources: string, inferencePort: nu
       port: 0,
       model_server: 'policy',
       resources_server: agentResources,
+      ...(options.tools === 'mcp' ? { tool_transport: 'mcp' } : {}),
     }),
   ];
 }
 
-function environment(name: string, resources: string, app = 'single_agent_turn'): string {
-  return server(name, {
+function environment(
+  name: string,
+  resources: string,
+  app = 'single_agent_turn',
+  options: StackOptions = {},
+  agent = 'simple_agent',
+): string {
+  const line = server(name, {
     kind: 'environment',
     app,
     port: 0,
-    agent_server: 'simple_agent',
+    agent_server: agent,
     resources_server: resources,
+  });
+  // A list, which `server` does not write.
+  return options.tools === 'mcp'
+    ? line.replace(/ }$/, ', resources_tool_transports: [mcp] }')
+    : line;
+}
+
+/** A resources server's entry, its tools over MCP when `options.tools` says so. */
+function resources(name: string, app: string, options: StackOptions): string {
+  return server(name, {
+    kind: 'resources',
+    app,
+    port: 0,
+    ...(options.tools === 'mcp' ? { expose_tools_over_mcp: true } : {}),
   });
 }
 
@@ -88,8 +114,26 @@ export function stackYaml(
     case 'native':
       lines.push(
         ...common(options, 'weather', inferencePort),
-        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
+        resources('weather', 'weather', options),
+        environment('env', 'weather', undefined, options),
+      );
+      break;
+    case 'native_mcp':
+      // The native stack, and beside it a second agent and environment whose rollouts take the
+      // same weather server's tools over MCP.
+      lines.push(
+        ...common(options, 'weather', inferencePort),
+        resources('weather', 'weather', { tools: 'mcp' }),
         environment('env', 'weather'),
+        server('mcp_agent', {
+          kind: 'agent',
+          app: 'simple',
+          port: 0,
+          model_server: 'policy',
+          resources_server: 'weather',
+          tool_transport: 'mcp',
+        }),
+        environment('mcp_env', 'weather', undefined, { tools: 'mcp' }, 'mcp_agent'),
       );
       break;
     case 'legacy':
@@ -104,8 +148,8 @@ export function stackYaml(
     case 'counter':
       lines.push(
         ...common({ ...options, script: 'counter' }, 'counter', inferencePort),
-        server('counter', { kind: 'resources', app: 'counter', port: 0 }),
-        environment('env', 'counter'),
+        resources('counter', 'counter', options),
+        environment('env', 'counter', undefined, options),
       );
       break;
     case 'slow':

@@ -20,6 +20,7 @@ export const SIMPLE_AGENT_CONFIG_SCHEMA: AppConfigSchema = {
     max_steps: { type: ['integer', 'null'], minimum: 1 },
     skip_verification: { type: ['boolean', 'null'] },
     skip_verification_reward: { type: ['number', 'null'] },
+    tool_transport: { type: ['string', 'null'], enum: ['direct_http', 'mcp', null] },
   },
 };
 
@@ -60,9 +61,16 @@ export interface SimpleAgentConfig {
   /** Base URL of the resources server, for legacy `/run` episodes. */
   resourcesServerUrl: string | null;
   maxSteps: number | null;
+  /** Which of the seed's tool grants the agent calls its tools through. */
+  toolTransport: ToolTransport;
 }
 
-/** Reads `model_server`, `resources_server` and `max_steps` resolved to URLs (see `agentConfig`). */
+export type ToolTransport = 'direct_http' | 'mcp';
+
+/**
+ * Reads `model_server`, `resources_server` (resolved to URLs, see `agentConfig`), `max_steps` and
+ * `tool_transport`.
+ */
 export function simpleAgentConfig(config: Readonly<Record<string, unknown>>): SimpleAgentConfig {
   const model = config.model_server_url;
   const resources = config.resources_server_url ?? null;
@@ -84,11 +92,16 @@ export function simpleAgentConfig(config: Readonly<Record<string, unknown>>): Si
       'simple agent: skip_verification is a bool, skip_verification_reward a number',
     );
   }
+  const transport = config.tool_transport ?? 'direct_http';
+  if (transport !== 'direct_http' && transport !== 'mcp') {
+    throw new ConfigError('simple agent: tool_transport must be "direct_http" or "mcp"');
+  }
   return {
     modelServerUrl: model,
     resourcesServerUrl: resources,
     maxSteps,
     skipVerification: skip,
     skipVerificationReward: reward,
+    toolTransport: transport,
   };
 }

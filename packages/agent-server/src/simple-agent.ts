@@ -1,8 +1,9 @@
 /**
  * Simple Agent: the model ↔ tools turn loop. Each turn resends the whole conversation to the policy
  * model under the activation's rollout prefix, runs the function calls it asks for against the
- * session's direct HTTP tool access under the same prefix, and stops at the first answer without
- * function calls (or at `max_steps` model calls). Boundaries are recorded before each model call
+ * session's direct HTTP tool access under the same prefix (or, with `tool_transport: mcp`, over
+ * its MCP grant: see `mcp-tools.ts`), and stops at the first answer without function calls (or at
+ * `max_steps` model calls). Boundaries are recorded before each model call
  * and after each tool round, as builders: nothing is copied unless a checkpoint exports it.
  */
 import { postUpstream } from '@ckpt-gym/core/client';
@@ -15,7 +16,9 @@ import {
   InvalidRequestError,
   type JsonObject,
   type JsonValue,
+  type McpToolAccess,
   parseDirectHttpGrant,
+  parseMcpGrant,
   UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core/protocol';
@@ -29,8 +32,9 @@ import type {
   Invocation,
   LegacyRunRequest,
 } from './agent.js';
-import { type SimpleAgentConfig, simpleAgentConfig } from './config.js';
+import { type SimpleAgentConfig, simpleAgentConfig, type ToolTransport } from './config.js';
 import { legacyRun } from './legacy-run.js';
+import { McpTools, withMcpTools } from './mcp-tools.js';
 import type { ActivationHandle, AgentSessionHooks, RestoredAgentSession } from './participant.js';
 import {
   type AgentSessionEntry,
@@ -41,7 +45,7 @@ import {
 } from './sessions.js';
 
 export interface SimpleSessionState {
-  toolAccess: DirectHttpToolAccess | null;
+  toolAccess: DirectHttpToolAccess | McpToolAccess | null;
   /** The resources cookie jar; null when the session holds no direct tool grant. */
   resourcesCookies: Record<string, string> | null;
   /** One trajectory per completed activation, reported at close. */
@@ -130,10 +134,8 @@ function addUsage(total: JsonObject | null, usage: unknown): JsonObject | null {
   return out;
 }
 
-interface ToolTarget {
-  baseUrl: string;
-  headers: Record<string, string>;
-}
+/** Where the loop's function calls go: a direct HTTP base URL, or an activation's MCP connection. */
+type ToolTarget = { baseUrl: string; headers: Record<string, string> } | { mcp: McpTools };
 
 export interface LoopResult {
   response: JsonObject;
@@ -357,9 +359,10 @@ async function callTool(
   if (!tools) {
     // The seed granted no tools to run the model's call with: the client's mistake, not ours.
     throw new InvalidRequestError(
-      `the model called ${JSON.stringify(call.name)}, but this agent session has no direct HTTP tool access to run it with`,
+      `the model called ${JSON.stringify(call.name)}, but this agent session has no tool access to run it with`,
     );
   }
+  if ('mcp' in tools) return tools.mcp.call(String(call.name), args, signal);
   const cookie = cookieHeader(st.resources_server_cookies);
   const res = await postUpstream(http, `${tools.baseUrl}/${String(call.name)}`, {
     json: args,
@@ -409,26 +412,41 @@ export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): Jso
   return value;
 }
 
-/** The seed's one direct HTTP grant (or none); what Simple Agent cannot serve is refused. */
-function seedToolAccess(request: AgentSeedRequest): DirectHttpToolAccess | null {
+const TRANSPORT_NAMES: Record<ToolTransport, string> = { direct_http: 'direct HTTP', mcp: 'MCP' };
+
+/**
+ * The seed's one grant of the agent's tool transport (or none). The other transport's grants go
+ * unused, so a required one is refused, as is anything else Simple Agent cannot serve.
+ */
+export function seedToolAccess(
+  request: AgentSeedRequest,
+  transport: ToolTransport,
+): DirectHttpToolAccess | McpToolAccess | null {
   if (request.sandbox_access !== null) {
     throw new InvalidRequestError('Simple Agent does not support sandbox_access');
   }
-  const direct = request.tool_accesses.filter((a) => a.kind === 'direct_http');
-  if (request.tool_accesses.some((a) => a.kind === 'mcp' && a.required === true)) {
-    throw new InvalidRequestError('Simple Agent does not support a required MCP tool access');
+  const other: ToolTransport = transport === 'mcp' ? 'direct_http' : 'mcp';
+  if (request.tool_accesses.some((a) => a.kind === other && a.required === true)) {
+    throw new InvalidRequestError(
+      `Simple Agent does not support a required ${TRANSPORT_NAMES[other]} tool access` +
+        (transport === 'mcp' ? ' when its tool_transport is mcp' : ''),
+    );
   }
-  if (direct.length > 1) {
-    throw new InvalidRequestError('Simple Agent supports at most one direct HTTP tool access');
+  const chosen = request.tool_accesses.filter((a) => a.kind === transport);
+  if (chosen.length > 1) {
+    throw new InvalidRequestError(
+      `Simple Agent supports at most one ${TRANSPORT_NAMES[transport]} tool access`,
+    );
   }
-  return direct[0] ? parseDirectHttpGrant(direct[0]) : null;
+  if (!chosen[0]) return null;
+  return transport === 'mcp' ? parseMcpGrant(chosen[0]) : parseDirectHttpGrant(chosen[0]);
 }
 
-function seedState(request: AgentSeedRequest): SimpleSessionState {
-  const access = seedToolAccess(request);
+function seedState(request: AgentSeedRequest, transport: ToolTransport): SimpleSessionState {
+  const access = seedToolAccess(request, transport);
   return {
     toolAccess: access,
-    resourcesCookies: access ? { ...access.cookies } : null,
+    resourcesCookies: access?.kind === 'direct_http' ? { ...access.cookies } : null,
     observations: [],
   };
 }
@@ -456,13 +474,16 @@ class RestoredEntry implements AgentSessionEntry<SimpleSessionState> {
   }
 }
 
-function restoreEntry(r: RestoredAgentSession): AgentSessionEntry<SimpleSessionState> {
+function restoreEntry(
+  r: RestoredAgentSession,
+  transport: ToolTransport,
+): AgentSessionEntry<SimpleSessionState> {
   const s = r.session as Record<string, JsonValue>;
   if (!isObject(s.request))
     throw new CheckpointError(`restored session ${r.sessionKey} has no seed request`);
   const request = { ...(s.request as unknown as AgentSeedRequest), episode_id: r.episode };
   const state: SimpleSessionState = {
-    toolAccess: seedToolAccess(request),
+    toolAccess: seedToolAccess(request, transport),
     resourcesCookies: (s.resources_cookies ?? null) as Record<string, string> | null,
     observations: (s.observations ?? []) as JsonObject[],
   };
@@ -497,7 +518,7 @@ export class SimpleAgent implements Agent<SimpleSessionState> {
         return out;
       },
       restoreAgentSessions: async (restored) => {
-        const entries = restored.map(restoreEntry);
+        const entries = restored.map((r) => restoreEntry(r, this.config.toolTransport));
         for (const e of entries) sessions.set(e);
       },
       // A session with a close receipt was closed; otherwise it is freed here.
@@ -508,21 +529,40 @@ export class SimpleAgent implements Agent<SimpleSessionState> {
   }
 
   async seedSession(request: AgentSeedRequest): Promise<SimpleSessionState> {
-    return seedState(request);
+    return seedState(request, this.config.toolTransport);
+  }
+
+  /** A direct HTTP target for the invocation (a call without a session uses `resources_server`). */
+  private directTools(inv: Invocation<SimpleSessionState>): ToolTarget | null {
+    const access = inv.session?.state.toolAccess ?? null;
+    if (access?.kind === 'direct_http') {
+      const baseUrl = toolBaseUrl(access.base_url, inv.episode);
+      return { baseUrl, headers: access.headers };
+    }
+    if (inv.session !== null || !this.config.resourcesServerUrl) return null;
+    const baseUrl = toolBaseUrl(this.config.resourcesServerUrl, inv.episode);
+    return { baseUrl, headers: {} };
   }
 
   async respond(inv: Invocation<SimpleSessionState>): Promise<AgentReply> {
+    const access = inv.session?.state.toolAccess;
+    if (access?.kind !== 'mcp') return this.runLoop(inv, this.directTools(inv), inv.body);
+    // One MCP connection per activation: its tools join the request's, its calls run the loop's.
+    await using mcp = await McpTools.connect(access, inv.handle.signal);
+    // Awaited here: the connection closes when the loop is done, not when its promise is made.
+    return await this.runLoop(inv, { mcp }, withMcpTools(inv.body, mcp.tools));
+  }
+
+  private async runLoop(
+    inv: Invocation<SimpleSessionState>,
+    tools: ToolTarget | null,
+    body: JsonObject,
+  ): Promise<AgentReply> {
     const session = inv.session;
-    const access = session?.state.toolAccess ?? null;
-    const tools: ToolTarget | null = access
-      ? { baseUrl: toolBaseUrl(access.base_url, inv.episode), headers: access.headers }
-      : session === null && this.config.resourcesServerUrl
-        ? { baseUrl: toolBaseUrl(this.config.resourcesServerUrl, inv.episode), headers: {} }
-        : null;
     const result = await runTurnLoop({
       http: this.context.clients.data,
       config: this.config,
-      body: inv.body,
+      body,
       episode: inv.episode,
       handle: inv.handle,
       invocationId: inv.invocationId,

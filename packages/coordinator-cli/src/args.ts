@@ -49,13 +49,18 @@ export type OptionName =
   | 'checkpoint-every'
   | 'format'
   | 'limit'
-  | 'num-repeats';
+  | 'num-repeats'
+  | 'tools';
 
 interface OptionSpec {
   readonly type: 'string' | 'boolean';
   readonly value?: string;
   readonly help: string;
 }
+
+/** `demo --tools`: how the demo's agents take their tools. */
+export const DEMO_TOOL_TRANSPORTS = ['direct_http', 'mcp'] as const;
+export type DemoToolTransport = (typeof DEMO_TOOL_TRANSPORTS)[number];
 
 const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
   id: { type: 'string', value: 'ID', help: 'checkpoint id (see each command for its default)' },
@@ -137,6 +142,11 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
     type: 'string',
     value: 'N',
     help: 'NeMo Gym rows: run each row N times (_ng_rollout_index 0…N-1)',
+  },
+  tools: {
+    type: 'string',
+    value: 'TRANSPORT',
+    help: `how the agents take their tools: ${DEMO_TOOL_TRANSPORTS.join(' or ')} (default direct_http)`,
   },
 };
 
@@ -300,7 +310,7 @@ export const COMMANDS = {
   },
   demo: {
     summary: 'crash and restore a local stack with rollouts in flight; every rollout finishes once',
-    options: ['rollouts', 'run-dir'],
+    options: ['rollouts', 'run-dir', 'tools'],
     required: [],
     details:
       'Starts fake inference, a policy model, weather and counter resources, a Simple Agent\n' +
@@ -308,7 +318,8 @@ export const COMMANDS = {
       'dispatches the rollouts (half weather, half counter), checkpoints them mid-flight,\n' +
       'SIGKILLs every gym process, restores into fresh ones and finishes. Exit 0 only if\n' +
       'every rollout finished once with reward 1 and no delivered\n' +
-      'model call was repeated.',
+      'model call of a continued rollout was repeated. --tools mcp: the agents take their\n' +
+      'tools over MCP, so every rollout in flight at the crash starts over.',
   },
 } as const satisfies Record<string, CommandSpec>;
 
@@ -351,6 +362,8 @@ export interface Invocation {
   readonly numRepeats: number | undefined;
   /** `demo --rollouts N`. */
   readonly rolloutCount: number;
+  /** `demo --tools`. */
+  readonly demoTools: DemoToolTransport;
 }
 
 export type ParseOutcome =
@@ -509,6 +522,7 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
   const format = text('format');
   const limit = text('limit');
   const repeats = text('num-repeats');
+  const tools = text('tools');
   const demo = command === 'demo';
   return {
     command,
@@ -534,11 +548,13 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
     resume: values.resume === true,
     checkpointEverySeconds:
       every === undefined ? undefined : parseSeconds('checkpoint-every', every),
-    format: format === undefined ? undefined : parseFormat(format),
+    format: format === undefined ? undefined : parseChoice('format', INPUT_FORMATS, format),
     limit: limit === undefined ? undefined : parseCount('limit', limit),
     numRepeats: repeats === undefined ? undefined : parseCount('num-repeats', repeats),
     rolloutCount:
       demo && rollouts !== undefined ? parseCount('rollouts', rollouts) : DEFAULT_DEMO_ROLLOUTS,
+    demoTools:
+      tools === undefined ? 'direct_http' : parseChoice('tools', DEMO_TOOL_TRANSPORTS, tools),
   };
 }
 
@@ -569,14 +585,15 @@ function parseSeconds(name: string, text: string, zeroOk = false): number {
   return seconds;
 }
 
-function parseFormat(text: string): InputFormatOption {
-  const format = INPUT_FORMATS.find((name) => name === text);
-  if (format === undefined) {
+/** `text` as one of an option's `choices`; anything else is a usage error naming them. */
+function parseChoice<T extends string>(option: string, choices: readonly T[], text: string): T {
+  const choice = choices.find((name) => name === text);
+  if (choice === undefined) {
     throw new UsageError(
-      `--format must be ${INPUT_FORMATS.join(' or ')}, got ${JSON.stringify(text)}`,
+      `--${option} must be ${choices.join(' or ')}, got ${JSON.stringify(text)}`,
     );
   }
-  return format;
+  return choice;
 }
 
 /** A whole number from 1 to 100000. */

@@ -8,6 +8,10 @@
  * model call, so at the checkpoint each rollout is mid-flight at the same boundary; a quarter is let through first, to have rollouts
  * that finished before the checkpoint. The backend survives the crash and keeps its call log,
  * which is how "no delivered model call repeated" is checked.
+ *
+ * With `--tools mcp` the agents take their tools over MCP. An episode that grants MCP access is a
+ * restart (no checkpoint continues an agent holding an MCP token), so every rollout in flight at
+ * the crash starts over; only the continued rollouts are held to repeating no model call.
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -15,7 +19,7 @@ import { join } from 'node:path';
 import { forget, type Participants, resume, retire } from '@ckpt-gym/core/client';
 import { type EpisodeId, nextAttempt, parseCaptureKey } from '@ckpt-gym/core/protocol';
 
-import { parseCommandLine } from './args.js';
+import { type DemoToolTransport, parseCommandLine } from './args.js';
 import {
   Collector,
   counterTask,
@@ -38,6 +42,8 @@ const WAIT_MS = 60_000;
 
 export interface DemoReport {
   readonly rollouts: number;
+  /** How the agents took their tools. */
+  readonly tools: DemoToolTransport;
   /** Rollouts by taskset. */
   readonly tasksets: Record<string, number>;
   readonly checkpoint_id: string;
@@ -48,7 +54,10 @@ export interface DemoReport {
   readonly model_calls: number;
   readonly delivered_model_calls: number;
   readonly minimum_model_calls: number;
-  /** Delivered calls made again for the same rollout at the same conversation length. */
+  /**
+   * Delivered calls made again for the same rollout at the same conversation length, among the
+   * rollouts that did not start over (a restart makes its calls again by design).
+   */
   readonly repeated_model_calls: number;
   /** Rollouts with no result, or more than one. */
   readonly not_exactly_once: string[];
@@ -58,8 +67,24 @@ export interface DemoReport {
   readonly ok: boolean;
 }
 
+/** The settings each kind of server gets for the demo's tool transport (none for direct HTTP). */
+function toolSettings(tools: DemoToolTransport): Record<'resources' | 'agent' | 'env', string> {
+  return tools === 'mcp'
+    ? {
+        resources: ', expose_tools_over_mcp: true',
+        agent: ', tool_transport: mcp',
+        env: ', resources_tool_transports: [mcp]',
+      }
+    : { resources: '', agent: '', env: '' };
+}
+
 /** The embedded stack: every port free at run time; the backend's is fixed first (its URL is config). */
-export function demoStackText(backendPort: number, token: string): string {
+export function demoStackText(
+  backendPort: number,
+  token: string,
+  tools: DemoToolTransport = 'direct_http',
+): string {
+  const add = toolSettings(tools);
   return [
     '# The demo stack (written by ckpt-gym demo).',
     `checkpoint: { enabled: true, control_auth_token: ${token}, lease_grace_seconds: 600 }`,
@@ -69,17 +94,17 @@ export function demoStackText(backendPort: number, token: string): string {
     '  policy:       { kind: model,       app: policy, port: 0,',
     `                  backend_url: "http://127.0.0.1:${backendPort}/v1",`,
     '                  checkpoint_policy: true, checkpoint_generation_cuts: true }',
-    '  weather:      { kind: resources,   app: weather, port: 0 }',
-    '  counter:      { kind: resources,   app: counter, port: 0 }',
+    `  weather:      { kind: resources,   app: weather, port: 0${add.resources} }`,
+    `  counter:      { kind: resources,   app: counter, port: 0${add.resources} }`,
     '  simple_agent: { kind: agent,       app: simple, port: 0,',
-    '                  model_server: policy, resources_server: weather }',
+    `                  model_server: policy, resources_server: weather${add.agent} }`,
     '  env:          { kind: environment, app: single_agent_turn, port: 0,',
-    '                  agent_server: simple_agent, resources_server: weather }',
+    `                  agent_server: simple_agent, resources_server: weather${add.env} }`,
     '  # The counter pair: its session state is exported at a checkpoint and restored.',
     '  counter_agent: { kind: agent,      app: simple, port: 0,',
-    '                  model_server: policy, resources_server: counter }',
+    `                  model_server: policy, resources_server: counter${add.agent} }`,
     '  counter_env:  { kind: environment, app: single_agent_turn, port: 0,',
-    '                  agent_server: counter_agent, resources_server: counter }',
+    `                  agent_server: counter_agent, resources_server: counter${add.env} }`,
     '',
   ].join('\n');
 }
@@ -114,12 +139,18 @@ async function until(what: string, check: () => Promise<boolean> | boolean): Pro
   }
 }
 
-/** Delivered calls of one rollout made again at the same conversation length. */
-export function repeatedCalls(log: readonly CallView[]): number {
+/**
+ * Delivered calls of one rollout made again at the same conversation length; the rollouts in
+ * `startedOver` make their calls again by design and are not counted.
+ */
+export function repeatedCalls(
+  log: readonly CallView[],
+  startedOver: ReadonlySet<string> = new Set(),
+): number {
   const seen = new Set<string>();
   let repeated = 0;
   for (const call of log) {
-    if (!call.returned || call.rollout_id === null) continue;
+    if (!call.returned || call.rollout_id === null || startedOver.has(call.rollout_id)) continue;
     const key = `${call.rollout_id}\u0000${call.n_messages}`;
     if (seen.has(key)) repeated += 1;
     seen.add(key);
@@ -129,6 +160,8 @@ export function repeatedCalls(log: readonly CallView[]): number {
 
 export interface DemoOptions {
   readonly rollouts: number;
+  /** How the agents take their tools (default direct HTTP). */
+  readonly tools?: DemoToolTransport;
   /** Holds the stack file, run directory, checkpoints and results. */
   readonly workDir: string;
   readonly io: CliIo;
@@ -179,6 +212,10 @@ class DemoRun {
   #stack: StackHandle | undefined;
   #collectors: Record<Taskset, Collector> | undefined;
 
+  get tools(): DemoToolTransport {
+    return this.opts.tools ?? 'direct_http';
+  }
+
   constructor(private readonly opts: DemoOptions) {
     this.n = opts.rollouts;
     this.tasks = demoTasks(this.n);
@@ -219,7 +256,8 @@ class DemoRun {
   async start(): Promise<void> {
     const { workDir } = this.opts;
     const configPath = join(workDir, 'demo-stack.yaml');
-    writeFileSync(configPath, demoStackText(await freePort('127.0.0.1'), generatedId('demo')));
+    const text = demoStackText(await freePort('127.0.0.1'), generatedId('demo'), this.tools);
+    writeFileSync(configPath, text);
     const env = { ...this.opts.io.env } as NodeJS.ProcessEnv;
     this.#stack = await launchStack({ configPath, runDir: join(workDir, 'run'), env });
   }
@@ -338,9 +376,10 @@ function demoReport(
       rewards[reward] = (rewards[reward] ?? 0) + 1;
     }
   }
-  const repeated = repeatedCalls(tagged);
+  const repeated = repeatedCalls(tagged, new Set(facts.restarts.map((e) => e.rollout_id)));
   return {
     rollouts: run.n,
+    tools: run.tools,
     tasksets: Object.fromEntries(
       Object.keys(MODEL_CALLS).map((set) => [set, tasks.filter((t) => t.set === set).length]),
     ),

@@ -70,6 +70,7 @@ describe('parseCommandLine', () => {
       limit: undefined,
       numRepeats: undefined,
       rolloutCount: DEFAULT_DEMO_ROLLOUTS,
+      demoTools: 'direct_http',
     });
   });
 

@@ -390,6 +390,10 @@ export class SingleAgentTurn implements EnvironmentProtocol {
 
   private async seedStage(turn: Turn): Promise<void> {
     const at = await this.enter(turn);
+    // An episode that grants MCP access is a restart from its first seed: a checkpoint taken while
+    // it seeds must not export it, since a replayed seed mints a new MCP token, and the agent
+    // session seeded with the old one would refuse the new seed as another seed request.
+    if (this.transports.includes('mcp')) await turn.work.markRestart();
     await turn.work.step('replay', () => this.seed(turn, at.handles));
     turn.state.stage = 'invoke_agent';
   }
@@ -489,13 +493,13 @@ export class SingleAgentTurn implements EnvironmentProtocol {
       this.seedResources(turn, start),
     );
     turn.state.handles = resources.handles;
-    const grants = this.toolAccesses(turn, resources.handles, resources.tools);
+    const accesses = this.toolAccesses(turn, resources.handles, resources.tools);
     turn.agentCleanup = this.registerAgentCleanup(turn);
     const seed: AgentSeedRequest = {
       agent_session_id: resources.handles.agent_session_id,
       episode_id: episodeIdToJson(turn.work.episode),
       task_id: { ...turn.request.task.task_id },
-      tool_accesses: grants.accesses,
+      tool_accesses: accesses,
       // Forwarded as the resources server sent it: the agent's seed check refuses a bad one.
       sandbox_access: resources.sandboxAccess as JsonObject | null,
     };
@@ -503,7 +507,7 @@ export class SingleAgentTurn implements EnvironmentProtocol {
       this.seedAgent(turn, seed),
     );
     turn.state.handles = { ...resources.handles, agent_cookies: agent.cookies };
-    if (resources.restart || grants.restart || agent.restart) await turn.work.markRestart();
+    if (resources.restart || agent.restart) await turn.work.markRestart();
   }
 
   private async seedResources(turn: Turn, start: SessionHandles) {
@@ -537,15 +541,14 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     };
   }
 
-  /** The agent's tool grants, one per transport; MCP calls cannot be captured (a restart). */
+  /** The agent's tool grants, one per transport (MCP ones make the episode a restart: `seedStage`). */
   private toolAccesses(
     turn: Turn,
     handles: SessionHandles,
     resourcesTools: JsonValue,
-  ): { accesses: ToolAccess[]; restart: boolean } {
+  ): ToolAccess[] {
     const { resourcesUrl, resourcesName, checkpointing } = this.options;
     const accesses: ToolAccess[] = [];
-    let restart = false;
     for (const transport of this.transports) {
       if (transport === 'direct_http') {
         const grant: DirectHttpGrant = {
@@ -559,11 +562,9 @@ export class SingleAgentTurn implements EnvironmentProtocol {
         accesses.push(grant);
       } else {
         accesses.push(mcpAccess(resourcesTools, resourcesUrl));
-        // MCP tool calls cannot be captured: the episode starts over after a crash.
-        restart = true;
       }
     }
-    return { accesses, restart };
+    return accesses;
   }
 
   private async seedAgent(turn: Turn, seed: AgentSeedRequest) {

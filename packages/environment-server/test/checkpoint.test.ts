@@ -593,6 +593,24 @@ describe('restarts', () => {
     ]);
   });
 
+  it('an episode that will grant MCP access is a restart while it seeds, so no checkpoint exports it', async () => {
+    const x = await server({ transports: ['mcp'] });
+    const seeding = new Gate();
+    x.resources.on('/seed_session', {
+      gate: seeding,
+      body: {
+        resources_tools: { transport: 'http', server_name: 'weather_mcp', url_path: '/mcp' },
+      },
+    });
+    x.background(runBody('r1'));
+    await x.resources.arrived('/seed_session');
+    const prepare = await x.prepare('c1');
+    expect(prepare.body.phase).toBe('prepared');
+    expect((prepare.body.report as Record<string, unknown>).restarts).toEqual(['r1']);
+    expect((await x.commit('c1', null)).body.episode_ids).toEqual([]);
+    seeding.open();
+  });
+
   it('a server whose protocol records no boundaries runs every episode as a restart', async () => {
     const gate = new Gate();
     const protocol: EnvironmentProtocol = {

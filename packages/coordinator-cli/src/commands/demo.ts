@@ -23,6 +23,7 @@ export function demoTable(report: DemoReport): string {
       ],
       ['finished before the checkpoint', String(report.finished_before_checkpoint)],
       ['continued after the crash', String(report.continued)],
+      ['tools', report.tools],
       ['restarted after the crash', String(report.restarted)],
       [
         'model calls made / minimum',
@@ -48,6 +49,7 @@ export async function demoCommand(ctx: CommandContext): Promise<CommandResult> {
   try {
     const report = await runDemo({
       rollouts: ctx.invocation.rolloutCount,
+      tools: ctx.invocation.demoTools,
       workDir,
       io: ctx.io,
       progress: (line) => ctx.progress(line),

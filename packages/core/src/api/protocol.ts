@@ -87,10 +87,12 @@ export {
   type DirectHttpGrant,
   type DirectHttpToolAccess,
   type McpGrant,
+  type McpToolAccess,
   parseActivationHeader,
   parseAgentCloseRequest,
   parseAgentSeedRequest,
   parseDirectHttpGrant,
+  parseMcpGrant,
   type ToolAccess,
 } from '../wire/agent-sessions.js';
 export { type ChatCompletionRequest, parseChatCompletionRequest } from '../wire/chat.js';

@@ -49,6 +49,15 @@ export interface DirectHttpToolAccess {
   headers: Record<string, string>;
 }
 
+/** An MCP grant as an agent reads it: the headers it sends with every MCP request checked. */
+export interface McpToolAccess {
+  kind: 'mcp';
+  name: string;
+  required: boolean;
+  url: string;
+  headers: Record<string, string>;
+}
+
 /** `POST /v1/agent_sessions`. */
 export interface AgentSeedRequest {
   agent_session_id: string;
@@ -147,6 +156,27 @@ const DIRECT_HTTP_SCHEMA = {
   },
 } as const;
 
+const MCP_SCHEMA = {
+  type: 'object',
+  required: ['connection'],
+  properties: {
+    connection: {
+      type: 'object',
+      reason: 'must be {"transport": "streamable_http", "url": …, "headers": …}',
+      required: ['transport', 'url'],
+      properties: {
+        transport: {
+          type: 'string',
+          enum: ['streamable_http'],
+          reason: 'only the streamable_http transport is supported',
+        },
+        url: { type: 'string', format: 'http-url', reason: 'must be an http(s) URL' },
+        headers: sendable(HEADER_VALUE),
+      },
+    },
+  },
+} as const;
+
 const checkSeed = compileWire<SeedJson>(SEED_SCHEMA);
 const checkClose = compileWire<{ agent_session_id: string; episode_id?: EpisodeIdJson }>(
   CLOSE_SCHEMA,
@@ -191,6 +221,26 @@ export function parseDirectHttpGrant(access: ToolAccess): DirectHttpToolAccess {
     base_url: grant.base_url,
     cookies: grant.cookies ?? {},
     headers: grant.headers ?? {},
+  };
+}
+
+const checkMcp = compileWire<{
+  required?: unknown;
+  connection: { url: string; headers?: Record<string, string> };
+}>(MCP_SCHEMA);
+
+/**
+ * Reads an MCP grant of a seed; anything malformed is 422 `invalid_request`, also headers that
+ * could not be sent as such (every MCP request would fail on its way).
+ */
+export function parseMcpGrant(access: ToolAccess): McpToolAccess {
+  const grant = checkMcp(access, `tool access ${JSON.stringify(String(access.name))}`);
+  return {
+    kind: 'mcp',
+    name: String(access.name),
+    required: grant.required === true,
+    url: grant.connection.url,
+    headers: grant.connection.headers ?? {},
   };
 }
 

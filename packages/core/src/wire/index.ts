@@ -20,12 +20,14 @@ export {
   type DirectHttpGrant,
   type DirectHttpToolAccess,
   type McpGrant,
+  type McpToolAccess,
   type ToolAccess,
   activationHeader,
   parseActivationHeader,
   parseAgentCloseRequest,
   parseAgentSeedRequest,
   parseDirectHttpGrant,
+  parseMcpGrant,
 } from './agent-sessions.js';
 export {
   type NativeCloseRequest,
