@@ -123,13 +123,13 @@ const accessLoggers = new WeakMap<object, Logger>();
 
 /**
  * Has the gym routes of `app` write one access-timing line per request to `logger`. Nothing is
- * bound when the logger drops the level (winston's `isLevelEnabled` says), so by default a
+ * bound unless the logger says it writes that level (winston's `isLevelEnabled`; a logger that
+ * cannot say, like a test's, gets no access lines), so by default a
  * request costs one lookup and no listener.
  */
 export function logRouteAccess(app: object, logger: Logger): void {
   const enabled = (logger as { isLevelEnabled?: (level: string) => boolean }).isLevelEnabled;
-  if (enabled === undefined || enabled.call(logger, ACCESS_LOG_LEVEL))
-    accessLoggers.set(app, logger);
+  if (enabled?.call(logger, ACCESS_LOG_LEVEL) === true) accessLoggers.set(app, logger);
 }
 
 /**
