@@ -496,9 +496,9 @@ export class SimpleAgent implements Agent<SimpleSessionState> {
         }
         return out;
       },
+      // Each session's state is decoded when the session is first used.
       restoreAgentSessions: async (restored) => {
-        const entries = restored.map(restoreEntry);
-        for (const e of entries) sessions.set(e);
+        for (const r of restored) sessions.setRestored(r.sessionKey, () => restoreEntry(r));
       },
       // A session with a close receipt was closed; otherwise it is freed here.
       retireAgentSession: async (key) => {

@@ -629,6 +629,11 @@ export interface RawRecord {
    * bytes: an install can read the small fields it needs now and keep the payload for later.
    */
   field(name: string): JsonValue | undefined;
+  /**
+   * One top-level field's JSON text as it lies in `bytes` (undefined when the record has none),
+   * checked only for its structure: a participant can write an untouched payload back as it is.
+   */
+  fieldBytes(name: string): Buffer | undefined;
   /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
   fieldNames(): string[];
 }
@@ -655,6 +660,12 @@ class LazyRecord implements RawRecord {
   fieldNames(): string[] {
     this.#members ??= recordMembers(this.bytes, this.key);
     return [...this.#members.keys()];
+  }
+
+  fieldBytes(name: string): Buffer | undefined {
+    this.#members ??= recordMembers(this.bytes, this.key);
+    const member = this.#members.get(name);
+    return member === undefined ? undefined : this.bytes.subarray(member.start, member.end);
   }
 
   field(name: string): JsonValue | undefined {

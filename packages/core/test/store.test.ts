@@ -944,6 +944,14 @@ describe('decoding on use (readRawParticipantState)', () => {
     expect(() => raw.decode()).toThrow(CheckpointStateError);
   });
 
+  test("fieldBytes() gives a top-level field's text as it lies in the record, decoded or not", async () => {
+    await handWritten([line('r', 1, ',"session_key":"k1","session":{"m": [not JSON]},"n":[1, 2]')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.fieldBytes('session')?.toString()).toBe('{"m": [not JSON]}');
+    expect(raw.fieldBytes('n')?.toString()).toBe('[1, 2]');
+    expect(raw.fieldBytes('absent')).toBeUndefined();
+  });
+
   test('property: field(k) is decode()[k] for every field, before or after decode()', async () => {
     const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
     let run = 0;
