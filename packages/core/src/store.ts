@@ -31,7 +31,13 @@ import {
   type JsonObject,
   type JsonValue,
 } from './json.js';
-import { decodeJsonPieces, encodeJsonPieces, objectMembers, type TextSink } from './json-pieces.js';
+import {
+  arrayElements,
+  decodeJsonPieces,
+  encodeJsonPieces,
+  objectMembers,
+  type TextSink,
+} from './json-pieces.js';
 import { Mutex } from './mutex.js';
 import { signed, verifyManifestMac } from './signing.js';
 
@@ -634,6 +640,11 @@ export interface RawRecord {
    * checked only for its structure: a participant can write an untouched payload back as it is.
    */
   fieldBytes(name: string): Buffer | undefined;
+  /**
+   * The texts of an array field's elements as they lie in `bytes` (undefined when the record has
+   * no such field), checked only for structure; not an array is a typed error naming the episode.
+   */
+  fieldElements(name: string): Buffer[] | undefined;
   /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
   fieldNames(): string[];
 }
@@ -666,6 +677,13 @@ class LazyRecord implements RawRecord {
     this.#members ??= recordMembers(this.bytes, this.key);
     const member = this.#members.get(name);
     return member === undefined ? undefined : this.bytes.subarray(member.start, member.end);
+  }
+
+  fieldElements(name: string): Buffer[] | undefined {
+    const bytes = this.fieldBytes(name);
+    if (bytes === undefined) return undefined;
+    const elements = attempt(this.key, () => arrayElements(bytes));
+    return elements.map((e) => bytes.subarray(e.start, e.end));
   }
 
   field(name: string): JsonValue | undefined {
