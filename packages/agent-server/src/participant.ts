@@ -34,6 +34,7 @@ import {
   RecordedBoundary,
   type Boundary,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
 } from '@ckpt-gym/core/server';
 
 import { restartCall, runSeed, SEED } from './admission.js';
@@ -696,6 +697,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
 
   /** Reads the session key and boundaries now; the session state is decoded when first read. */
   validateRawRecord(record: RawRecord, key: string): AgentSessionRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
     const fields = checkedRecordFields(
       key,
       {

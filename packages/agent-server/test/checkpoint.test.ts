@@ -430,7 +430,8 @@ describe('agent participant: activations under checkpointing', () => {
       checkpointId: 'c2',
       rollout: 'r1',
       field: 'session',
-      text: '{"request":tru}',
+      // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
+      text: `{"request":tru,"pad":"${'x'.repeat(20_000)}"}`,
     });
     const next = await freshProcess();
     expect((await restore(next, 'c2', [ep('r1'), ep('r2')])).status).toBe(200);
@@ -445,7 +446,7 @@ describe('agent participant: activations under checkpointing', () => {
     const records = await next.agent.participant!.export(null, new AbortController().signal);
     const exported = records.find((r) => r.session_key === 'sess-1')!;
     expect(exported[RECORD_FIELDS_JSON]!.map((p) => Buffer.from(p).toString()).join('')).toContain(
-      '"session":{"request":tru}',
+      '"session":{"request":tru,"pad":',
     );
   });
 });

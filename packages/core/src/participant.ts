@@ -146,7 +146,8 @@ export interface Participant<R extends CheckpointRecord = CheckpointRecord> {
   /**
    * `validateRecord` on a record read back undecoded: when present, restore reads through
    * `readRawParticipantState` (the store still verifies the whole checkpoint first) and the
-   * participant decodes the fields it needs now, keeping its opaque payload until first use.
+   * participant decodes the fields it needs now, keeping its opaque payload until first use (a
+   * record under `DEFER_DECODE_MIN_BYTES` is decoded whole at once).
    */
   validateRawRecord?(record: RawRecord, key: string): R;
   /** Refuses a restore this participant cannot take (throws a typed error). */

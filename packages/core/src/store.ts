@@ -611,6 +611,14 @@ export interface ReadParticipantStateOptions<R> {
   signingKey?: Uint8Array;
 }
 
+/**
+ * Below this size a participant decodes a record read back undecoded at once (`decode()`), as
+ * the eager read would: locating fields in JS costs more than the native parse of a small record
+ * (on the 2-core machine, 2 KB agent records read and validated 1.85× slower undecoded; 350 KB
+ * ones 0.60×). Above it, a payload waits for its first use.
+ */
+export const DEFER_DECODE_MIN_BYTES = 16 << 10;
+
 /** `readRawParticipantState`'s options: `validate` is given each in-scope record undecoded. */
 export interface ReadRawParticipantStateOptions<R> extends Omit<
   ReadParticipantStateOptions<R>,

@@ -24,6 +24,7 @@ import {
   BaseParticipant,
   type Boundary,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type EpisodeContext,
   episodeRunAdmission,
   EpisodeSteps,
@@ -353,6 +354,8 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
 
   /** Checks the keys and the task digest now; the boundary waits for the replacement's `/run`. */
   validateRawRecord(record: RawRecord, key: string): EnvironmentRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
     const taskDigest = record.field('task_digest');
     const names = record.fieldNames();
     const problems = recordProblems(

@@ -426,7 +426,8 @@ describe('checkpoints', () => {
       checkpointId: 'c2',
       rollout: 'r1',
       field: 'boundary',
-      text: '{"stage":nope}',
+      // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
+      text: `{"stage":nope,"pad":"${'x'.repeat(20_000)}"}`,
     });
     const second = await server();
     expect((await second.restore('c2', [R1, R2])).body.restored).toEqual(['r1-a1', 'r2-a1']);

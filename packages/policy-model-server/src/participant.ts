@@ -23,6 +23,7 @@ import {
   type AdmissionRequest,
   BaseParticipant,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type PrepareReport,
   prepareReport,
   type RawRecord,
@@ -237,6 +238,8 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
    * ledger files), keeping each row's JSON text so the install writes it without encoding it.
    */
   validateRawRecord(record: RawRecord, key: string): ModelRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
     const checked = checkedRecord(record.field('rows'), record.field('generation_cuts') ?? [], key);
     checked[ROW_TEXTS] = record.fieldElements('rows')!;
     return checked;

@@ -173,8 +173,10 @@ describe('restore', () => {
 
   it('a restore writes each ledger row as the checkpoint’s text, the stamp appended, not decoded and encoded again', async () => {
     // Rows as another writer spaced them: what the ledger gets shows whether they were re-encoded.
+    // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded whole and its rows encoded again.
+    const pad = 'x'.repeat(20_000);
     const rows = [
-      '{"model_call_id": "m1", "route": "chat.completions"}',
+      `{"model_call_id": "m1", "route": "chat.completions", "pad": "${pad}"}`,
       '{"failure_reason": "x"}',
       '{"model_call_id": "m3", "capture_key": "q"}',
       '{}',
@@ -197,7 +199,7 @@ describe('restore', () => {
     expect((await restore(h, 'c1', dir, ['r'])).body).toMatchObject({ restored: ['r-a1'] });
     expect(await readFile(join(captureDir, 'r-a1.lineage.jsonl'), 'utf8')).toBe(
       [
-        '{"model_call_id": "m1", "route": "chat.completions","capture_key":"r"}',
+        `{"model_call_id": "m1", "route": "chat.completions", "pad": "${pad}","capture_key":"r"}`,
         '{"failure_reason": "x"}',
         '{"model_call_id": "m3", "capture_key": "q"}',
         '{"capture_key":"r"}',
