@@ -29,10 +29,12 @@ import {
   legacyRunAdmission,
   type PrepareReport,
   prepareReport,
+  type RawRecord,
   RECORD_FIELDS_JSON,
   RecordedBoundary,
   type Boundary,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
 } from '@ckpt-gym/core/server';
 
 import { restartCall, runSeed, SEED } from './admission.js';
@@ -51,12 +53,12 @@ export type SessionState = 'idle' | 'running' | 'at_boundary';
 function recordPieces(
   s: Session,
   record: AgentSessionRecord,
-  sessionJson: (state: JsonValue) => string,
-): string[] | undefined {
+  sessionJson: () => string | Uint8Array,
+): (string | Uint8Array)[] | undefined {
   try {
     return [
       `"session_key":${encodeJson(record.session_key)},"session":`,
-      sessionJson(record.session),
+      sessionJson(),
       ',"boundary":',
       s.exportedBoundaryJson(),
       ',"episode":',
@@ -68,11 +70,19 @@ function recordPieces(
 }
 
 export interface RestoredAgentSession {
-  sessionKey: string;
+  readonly sessionKey: string;
   /** The replacement attempt the session is installed under. */
-  episode: EpisodeId;
-  session: JsonValue;
+  readonly episode: EpisodeId;
+  /**
+   * The checkpointed state, decoded when first read: an agent that reads it when the session is
+   * first used spares the restore that work. A payload that is not JSON throws
+   * `invalid_checkpoint_state` naming the episode.
+   */
+  readonly session: JsonValue;
 }
+
+/** A record read back undecoded, kept on the record `validateRawRecord` returns. */
+const RAW_RECORD: unique symbol = Symbol('agent session record read back undecoded');
 
 /** What an agent implements to take part in checkpoints. All hooks are async. */
 export interface AgentSessionHooks {
@@ -96,6 +106,7 @@ export interface AgentSessionRecord extends CheckpointRecord {
   boundary: JsonObject | null;
   /** A legacy `/run`'s protocol boundary. */
   episode: JsonObject | null;
+  [RAW_RECORD]?: RawRecord;
 }
 
 /** The handle an activation's work gets to record its progress. */
@@ -149,6 +160,8 @@ class Session {
   retiring: Promise<void> | null = null;
   /** Set when a legacy `/run` owns the session: its protocol boundary lives in EpisodeSteps. */
   legacy = false;
+  /** The restored record, undecoded: while the session is unclaimed, exported as it is. */
+  raw: RawRecord | null = null;
 
   constructor(
     readonly key: string,
@@ -199,6 +212,26 @@ export function untilSettledOr<T>(
       },
     );
   });
+}
+
+/** Checks a record's fields other than its episode and session state (present: `hasSession`). */
+function checkedRecordFields(
+  key: string,
+  record: { session_key?: unknown; boundary?: unknown; episode?: unknown },
+  hasSession: boolean,
+): Pick<AgentSessionRecord, 'session_key' | 'boundary' | 'episode'> {
+  const obj = (v: unknown) => v === null || (typeof v === 'object' && !Array.isArray(v));
+  if (typeof record.session_key !== 'string' || record.session_key.length === 0) {
+    throw new InvalidRequestError(`${key}: session_key must be a non-empty string`);
+  }
+  if (!hasSession || !obj(record.boundary ?? null) || !obj(record.episode ?? null)) {
+    throw new InvalidRequestError(`${key}: needs session, and boundary/episode objects or null`);
+  }
+  return {
+    session_key: record.session_key,
+    boundary: (record.boundary ?? null) as JsonObject | null,
+    episode: (record.episode ?? null) as JsonObject | null,
+  };
 }
 
 /** `run:<rollout_id>`: a legacy `/run` is keyed by its logical rollout, so a replacement finds it. */
@@ -579,9 +612,12 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       chosen.push(s);
     }
     if (chosen.length === 0) return [];
-    const exported = await this.hooks.exportAgentSessions(chosen.map((s) => s.key));
+    // An unclaimed restored session is unchanged: its checkpointed text is written back as it is.
+    const asked = chosen.filter((s) => this.untouchedRaw(s) === null).map((s) => s.key);
+    const exported =
+      asked.length > 0 ? await this.hooks.exportAgentSessions(asked) : new Map<string, JsonValue>();
     signal.throwIfAborted();
-    const states = chosen.map((s) => exported.get(s.key));
+    const states = chosen.map((s) => this.untouchedRaw(s) ?? exported.get(s.key));
     const missing = chosen.filter((_, i) => states[i] === undefined);
     if (missing.length > 0) {
       throw new CheckpointError(
@@ -591,21 +627,39 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
           .join(', ')}]`,
       );
     }
-    return chosen.map((s, i) => {
-      const record: AgentSessionRecord = {
-        episode_id: s.episode,
-        session_key: s.key,
-        session: states[i]!,
-        boundary: s.exportedBoundary(),
-        episode: s.legacy
-          ? (legacy.get(s.key) ??
-            (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
-          : null,
-      };
-      const pieces = recordPieces(s, record, (state) => this.sessionJson(state));
-      if (pieces !== undefined) record[RECORD_FIELDS_JSON] = pieces;
-      return record;
-    });
+    return chosen.map((s, i) => this.exportedRecord(s, states[i]!, legacy));
+  }
+
+  /** The restored record of an unclaimed session, whose state nothing changed; else null. */
+  private untouchedRaw(s: Session): RawRecord | null {
+    return s.restoredPending ? s.raw : null;
+  }
+
+  private exportedRecord(
+    s: Session,
+    state: JsonValue | RawRecord,
+    legacy: ReadonlyMap<string, Boundary | null>,
+  ): AgentSessionRecord {
+    const raw = state === s.raw ? s.raw : null;
+    const record: AgentSessionRecord = {
+      episode_id: s.episode,
+      session_key: s.key,
+      session: raw === null ? (state as JsonValue) : null,
+      boundary: s.exportedBoundary(),
+      episode: s.legacy
+        ? (legacy.get(s.key) ??
+          (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
+        : null,
+    };
+    if (raw !== null) {
+      // Decoded only if the store must encode the record itself (the pieces failed).
+      Object.defineProperty(record, 'session', { get: () => raw.field('session') ?? null });
+    }
+    const pieces = recordPieces(s, record, () =>
+      raw === null ? this.sessionJson(record.session) : raw.fieldBytes('session')!,
+    );
+    if (pieces !== undefined) record[RECORD_FIELDS_JSON] = pieces;
+    return record;
   }
 
   private sessionJson(state: JsonValue): string {
@@ -634,19 +688,33 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
 
   validateRecord(record: JsonObject, key: string): AgentSessionRecord {
     const episode = episodeIdFromJson(record.episode_id, `${key}.episode_id`);
-    const obj = (v: unknown) => v === null || (typeof v === 'object' && !Array.isArray(v));
-    if (typeof record.session_key !== 'string' || record.session_key.length === 0) {
-      throw new InvalidRequestError(`${key}: session_key must be a non-empty string`);
-    }
-    if (!('session' in record) || !obj(record.boundary ?? null) || !obj(record.episode ?? null)) {
-      throw new InvalidRequestError(`${key}: needs session, and boundary/episode objects or null`);
-    }
     return {
+      ...checkedRecordFields(key, record, 'session' in record),
       episode_id: episode,
-      session_key: record.session_key,
       session: record.session as JsonValue,
-      boundary: (record.boundary ?? null) as JsonObject | null,
-      episode: (record.episode ?? null) as JsonObject | null,
+    };
+  }
+
+  /** Reads the session key and boundaries now; the session state is decoded when first read. */
+  validateRawRecord(record: RawRecord, key: string): AgentSessionRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
+    const fields = checkedRecordFields(
+      key,
+      {
+        session_key: record.field('session_key'),
+        boundary: record.field('boundary'),
+        episode: record.field('episode'),
+      },
+      record.fieldNames().includes('session'),
+    );
+    return {
+      ...fields,
+      episode_id: record.episode_id,
+      get session(): JsonValue {
+        return record.field('session')!;
+      },
+      [RAW_RECORD]: record,
     };
   }
 
@@ -661,15 +729,19 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (this.sessions.size > 0 || this.steps.size > 0) {
       throw new CheckpointError('a restore needs an agent server without live sessions');
     }
-    const restored = records.map((r) => ({
+    const restored: RestoredAgentSession[] = records.map((r) => ({
       sessionKey: r.session_key,
       episode: nextAttempt(r.episode_id),
-      session: r.session,
+      // Read through the record: one read back undecoded decodes its state only now.
+      get session(): JsonValue {
+        return r.session;
+      },
     }));
     await this.hooks.restoreAgentSessions(restored);
     for (const [i, r] of records.entries()) {
       const s = new Session(r.session_key, restored[i]!.episode);
       s.restoredPending = true;
+      s.raw = r[RAW_RECORD] ?? null;
       s.continuation = r.boundary;
       if (r.session_key.startsWith('run:')) {
         s.legacy = true;

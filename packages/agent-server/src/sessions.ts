@@ -153,6 +153,8 @@ export function sessionIdFromCookie(
 
 export class AgentSessionTable<S = unknown> {
   private readonly entries = new Map<string, AgentSessionEntry<S>>();
+  /** Restored sessions not used yet: each is built (its state decoded) when first looked up. */
+  private readonly restored = new Map<string, () => AgentSessionEntry<S>>();
   private readonly receipts = new Map<
     string,
     { receipt: CloseReceipt; episode: EpisodeId | null; expiresAt: number }
@@ -168,23 +170,41 @@ export class AgentSessionTable<S = unknown> {
     private readonly now: () => number = () => Date.now() / 1000,
   ) {}
 
+  /** The session; a restored one is built now (a build that throws stays to throw again). */
   get(id: string): AgentSessionEntry<S> | undefined {
-    return this.entries.get(id);
+    const entry = this.entries.get(id);
+    if (entry !== undefined) return entry;
+    const build = this.restored.get(id);
+    if (build === undefined) return undefined;
+    const built = build();
+    this.restored.delete(id);
+    this.entries.set(id, built);
+    return built;
   }
 
   set(entry: AgentSessionEntry<S>): void {
+    this.restored.delete(entry.id);
     this.entries.set(entry.id, entry);
   }
 
+  /** A restored session, built by `build` when first looked up. */
+  setRestored(id: string, build: () => AgentSessionEntry<S>): void {
+    this.entries.delete(id);
+    this.restored.set(id, build);
+  }
+
   delete(id: string): boolean {
-    return this.entries.delete(id);
+    const restored = this.restored.delete(id);
+    return this.entries.delete(id) || restored;
   }
 
   get size(): number {
-    return this.entries.size;
+    return this.entries.size + this.restored.size;
   }
 
+  /** Every session, building the restored ones not built yet. */
   values(): IterableIterator<AgentSessionEntry<S>> {
+    for (const id of [...this.restored.keys()]) this.get(id);
     return this.entries.values();
   }
 

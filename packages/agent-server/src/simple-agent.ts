@@ -517,9 +517,11 @@ export class SimpleAgent implements Agent<SimpleSessionState> {
         }
         return out;
       },
+      // Each session's state is decoded when the session is first used.
       restoreAgentSessions: async (restored) => {
-        const entries = restored.map((r) => restoreEntry(r, this.config.toolTransport));
-        for (const e of entries) sessions.set(e);
+        for (const r of restored) {
+          sessions.setRestored(r.sessionKey, () => restoreEntry(r, this.config.toolTransport));
+        }
       },
       // A session with a close receipt was closed; otherwise it is freed here.
       retireAgentSession: async (key) => {

@@ -1,6 +1,8 @@
 import { encodeJson } from '@ckpt-gym/core/protocol';
 import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
-import { ep, until } from '@ckpt-gym/testing';
+import { join } from 'node:path';
+
+import { ep, until, writeCorruptedCopy } from '@ckpt-gym/testing';
 
 import {
   activate,
@@ -409,5 +411,42 @@ describe('agent participant: activations under checkpointing', () => {
     await resume(h, 'c1');
     const reply = await restore(h, 'c1', [ep('r1')]);
     expect(reply.status).toBe(409);
+  });
+
+  test('a restored session whose state is not JSON restores; its first use is a typed error naming it, the others work', async () => {
+    h = await startStack();
+    const one = await seed(h, 'sess-1', 'r1');
+    const two = await seed(h, 'sess-2', 'r2');
+    await activate(h, one, 'r1', 1);
+    await activate(h, two, 'r2', 1);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1'), ep('r2')]);
+    // The store writes the copy: its digest, count and episodes are right, r1's state is not JSON.
+    await writeCorruptedCopy({
+      from: join(h.dir, 'c1'),
+      to: join(h.dir, 'c2'),
+      kind: 'agent',
+      instance: 'simple_agent',
+      checkpointId: 'c2',
+      rollout: 'r1',
+      field: 'session',
+      // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
+      text: `{"request":tru,"pad":"${'x'.repeat(20_000)}"}`,
+    });
+    const next = await freshProcess();
+    expect((await restore(next, 'c2', [ep('r1'), ep('r2')])).status).toBe(200);
+    await resume(next, 'c2');
+    for (let i = 0; i < 2; i++) {
+      const broken = await activate(next, one, 'r1-a1', 2);
+      expect(errorCode(broken)).toBe('invalid_checkpoint_state');
+      expect(JSON.stringify(broken.body)).toContain("'r1'");
+    }
+    expect((await activate(next, two, 'r2-a1', 2)).status).toBe(200);
+    // Unclaimed, the broken session is exported as it was read: the state stays what it was.
+    const records = await next.agent.participant!.export(null, new AbortController().signal);
+    const exported = records.find((r) => r.session_key === 'sess-1')!;
+    expect(exported[RECORD_FIELDS_JSON]!.map((p) => Buffer.from(p).toString()).join('')).toContain(
+      '"session":{"request":tru,"pad":',
+    );
   });
 });

@@ -242,6 +242,22 @@ export function objectMembers(bytes: Buffer, start = 0, end = bytes.length): Obj
   return new PieceDecoder(bytes, start, DECODE_PIECE_BYTES).members(first, stop);
 }
 
+/**
+ * Where each element of the UTF-8 JSON array text in `bytes[start, end)` lies, as `objectMembers`
+ * locates an object's values: checked for structure only, each element's text decoded by no one.
+ */
+export function arrayElements(
+  bytes: Buffer,
+  start = 0,
+  end = bytes.length,
+): { start: number; end: number }[] {
+  let first = start;
+  let stop = end;
+  while (first < stop && isWhitespace(bytes[first])) first++;
+  while (stop > first && isWhitespace(bytes[stop - 1])) stop--;
+  return new PieceDecoder(bytes, start, DECODE_PIECE_BYTES).elements(first, stop);
+}
+
 interface Member {
   key: string;
   start: number;
@@ -288,9 +304,7 @@ class PieceDecoder {
       }
       batchStart = -1;
     };
-    let pos = this.skipWhitespace(start + 1, stop);
-    if (this.bytes[pos] === CLOSE_BRACKET) return this.closed(pos, stop, result);
-    for (;;) {
+    this.items(start, stop, OPEN_BRACKET, (pos) => {
       const valueEnd = this.valueEnd(pos, stop);
       if (valueEnd - pos > this.pieceBytes && this.isContainer(pos)) {
         flush();
@@ -300,16 +314,10 @@ class PieceDecoder {
         if (batchStart < 0) batchStart = pos;
         batchEnd = valueEnd;
       }
-      pos = this.skipWhitespace(valueEnd, stop);
-      if (this.bytes[pos] === COMMA) {
-        pos = this.skipWhitespace(pos + 1, stop);
-        continue;
-      }
-      if (this.bytes[pos] === CLOSE_BRACKET) break;
-      throw this.error("expected ',' or ']'", pos);
-    }
+      return valueEnd;
+    });
     flush();
-    return this.closed(pos, stop, result);
+    return result;
   }
 
   /**
@@ -345,31 +353,57 @@ class PieceDecoder {
     return object;
   }
 
+  /**
+   * Walks the container that is exactly `[start, stop)` (opened by `open`): `item` reads each
+   * item starting at its first byte and returns where it ends; separators and the close checked.
+   */
+  private items(start: number, stop: number, open: number, item: (pos: number) => number): void {
+    const close = open === OPEN_BRACKET ? CLOSE_BRACKET : CLOSE_BRACE;
+    if (this.bytes[start] !== open) {
+      throw this.error(open === OPEN_BRACKET ? 'expected an array' : 'expected an object', start);
+    }
+    let pos = this.skipWhitespace(start + 1, stop);
+    if (this.bytes[pos] !== close) {
+      for (;;) {
+        pos = this.skipWhitespace(item(pos), stop);
+        if (this.bytes[pos] === COMMA) {
+          pos = this.skipWhitespace(pos + 1, stop);
+          continue;
+        }
+        if (this.bytes[pos] === close) break;
+        throw this.error(`expected ',' or '${String.fromCharCode(close)}'`, pos);
+      }
+    }
+    this.closed(pos, stop, null);
+  }
+
+  /** The elements of the array that is exactly `[start, stop)`, in order, not decoded. */
+  elements(start: number, stop: number): { start: number; end: number }[] {
+    const elements: { start: number; end: number }[] = [];
+    this.items(start, stop, OPEN_BRACKET, (pos) => {
+      const end = this.valueEnd(pos, stop);
+      elements.push({ start: pos, end });
+      return end;
+    });
+    return elements;
+  }
+
   /** The members of the object that is exactly `[start, stop)`, in order, values not decoded. */
   members(start: number, stop: number): ObjectMember[] {
     const members: ObjectMember[] = [];
-    if (this.bytes[start] !== OPEN_BRACE) throw this.error('expected an object', start);
-    let pos = this.skipWhitespace(start + 1, stop);
-    if (this.bytes[pos] === CLOSE_BRACE) return this.closed(pos, stop, members);
-    for (;;) {
+    this.items(start, stop, OPEN_BRACE, (pos) => {
       if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
       const keyEnd = this.stringEnd(pos, stop);
       const keyText = this.bytes.toString('utf8', pos, keyEnd);
       const key = this.keyOf(keyText, pos);
-      pos = this.skipWhitespace(keyEnd, stop);
-      if (this.bytes[pos] !== COLON) throw this.error("expected ':'", pos);
-      const valueStart = this.skipWhitespace(pos + 1, stop);
+      const colon = this.skipWhitespace(keyEnd, stop);
+      if (this.bytes[colon] !== COLON) throw this.error("expected ':'", colon);
+      const valueStart = this.skipWhitespace(colon + 1, stop);
       const valueEnd = this.valueEnd(valueStart, stop);
       members.push({ keyText, key, start: valueStart, end: valueEnd });
-      pos = this.skipWhitespace(valueEnd, stop);
-      if (this.bytes[pos] === COMMA) {
-        pos = this.skipWhitespace(pos + 1, stop);
-        continue;
-      }
-      if (this.bytes[pos] === CLOSE_BRACE) break;
-      throw this.error("expected ',' or '}'", pos);
-    }
-    return this.closed(pos, stop, members);
+      return valueEnd;
+    });
+    return members;
   }
 
   /** A key as the codec reads it (validating its escapes). */

@@ -5,7 +5,7 @@
  */
 import { captureKey, type EpisodeId } from './identity.js';
 import type { JsonObject } from './json.js';
-import type { CheckpointRecord } from './store.js';
+import type { CheckpointRecord, RawRecord } from './store.js';
 
 export type ParticipantKind = 'environment' | 'model' | 'agent' | 'resources';
 
@@ -143,6 +143,13 @@ export interface Participant<R extends CheckpointRecord = CheckpointRecord> {
   export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<R[]>;
   /** Validates one record read back at restore (only records in scope are validated). */
   validateRecord(record: JsonObject, key: string): R;
+  /**
+   * `validateRecord` on a record read back undecoded: when present, restore reads through
+   * `readRawParticipantState` (the store still verifies the whole checkpoint first) and the
+   * participant decodes the fields it needs now, keeping its opaque payload until first use (a
+   * record under `DEFER_DECODE_MIN_BYTES` is decoded whole at once).
+   */
+  validateRawRecord?(record: RawRecord, key: string): R;
   /** Refuses a restore this participant cannot take (throws a typed error). */
   checkRestore(): void;
   /**

@@ -944,6 +944,26 @@ describe('decoding on use (readRawParticipantState)', () => {
     expect(() => raw.decode()).toThrow(CheckpointStateError);
   });
 
+  test("fieldBytes() gives a top-level field's text as it lies in the record, decoded or not", async () => {
+    await handWritten([line('r', 1, ',"session_key":"k1","session":{"m": [not JSON]},"n":[1, 2]')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.fieldBytes('session')?.toString()).toBe('{"m": [not JSON]}');
+    expect(raw.fieldBytes('n')?.toString()).toBe('[1, 2]');
+    expect(raw.fieldBytes('absent')).toBeUndefined();
+  });
+
+  test("fieldElements() gives an array field's elements as their texts; not an array is a typed error", async () => {
+    await handWritten([line('r', 1, ',"rows":[ {"a": [1, "]"]} , {},3 ],"n":{"x":1}')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.fieldElements('rows')?.map((b) => b.toString())).toEqual([
+      '{"a": [1, "]"]}',
+      '{}',
+      '3',
+    ]);
+    expect(raw.fieldElements('absent')).toBeUndefined();
+    expect(() => raw.fieldElements('n')).toThrow(/episode 'r-a1' is not JSON: expected an array/);
+  });
+
   test('property: field(k) is decode()[k] for every field, before or after decode()', async () => {
     const key = fc.string().filter((k) => k !== 'episode_id' && !/^(0|[1-9][0-9]*)$/.test(k));
     let run = 0;

@@ -24,11 +24,13 @@ import {
   BaseParticipant,
   type Boundary,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type EpisodeContext,
   episodeRunAdmission,
   EpisodeSteps,
   type PrepareReport,
   prepareReport,
+  type RawRecord,
   RECORD_FIELDS_JSON,
 } from '@ckpt-gym/core/server';
 
@@ -97,15 +99,76 @@ export function taskDigest(task: JsonObject): string {
 
 const RECORD_KEYS = new Set(['episode_id', 'task_digest', 'boundary']);
 
-function unknownRecordKeys(record: JsonObject): string[] {
+function unknownRecordKeys(keys: readonly string[]): string[] {
   const extra: string[] = [];
-  for (const key of Object.keys(record)) if (!RECORD_KEYS.has(key)) extra.push(key);
+  for (const key of keys) if (!RECORD_KEYS.has(key)) extra.push(key);
   return extra;
 }
 
-/** A record under `episode`, built field by field (a spread of thousands costs more). */
+/**
+ * A record under `episode`, built field by field (a spread of thousands costs more). One read back
+ * undecoded stays so: its boundary is decoded when first read, and its text is written back as is.
+ */
 function copyRecord(record: EnvironmentRecord, episode: EpisodeId): EnvironmentRecord {
-  return { episode_id: episode, task_digest: record.task_digest, boundary: record.boundary };
+  const pieces = record[RECORD_FIELDS_JSON];
+  if (pieces === undefined) {
+    return { episode_id: episode, task_digest: record.task_digest, boundary: record.boundary };
+  }
+  return {
+    episode_id: episode,
+    task_digest: record.task_digest,
+    get boundary(): Boundary | null {
+      return record.boundary;
+    },
+    [RECORD_FIELDS_JSON]: pieces,
+  };
+}
+
+/**
+ * The problems of a record's fields but its episode's. `boundary` is the record's (undefined when
+ * it has none), or `DEFERRED`: present, and checked when first read.
+ */
+function recordProblems(keys: readonly string[], taskDigest: unknown, boundary: unknown): string[] {
+  const problems: string[] = [];
+  const extra = unknownRecordKeys(keys);
+  if (extra.length > 0) problems.push(`unknown keys ${extra.join(', ')}`);
+  if (typeof taskDigest !== 'string' || !SHA256_HEX.test(taskDigest)) {
+    problems.push('task_digest must be a sha256 hex digest');
+  }
+  if (boundary !== DEFERRED && !isBoundary(boundary)) {
+    problems.push('boundary must be an object or null');
+  }
+  return problems;
+}
+
+const DEFERRED = Symbol('checked when first read');
+
+function isBoundary(value: unknown): value is Boundary | null {
+  return value === null || (typeof value === 'object' && !Array.isArray(value));
+}
+
+/** A restored record whose boundary is decoded (and checked) when its replacement first runs. */
+function undecodedRecord(record: RawRecord, key: string, taskDigest: string): EnvironmentRecord {
+  let boundary: Boundary | null | undefined;
+  return {
+    episode_id: record.episode_id,
+    task_digest: taskDigest,
+    get boundary(): Boundary | null {
+      if (boundary !== undefined) return boundary;
+      const value = record.field('boundary');
+      if (!isBoundary(value)) {
+        throw new CheckpointStateError(
+          `environment record ${key}: boundary must be an object or null`,
+        );
+      }
+      return (boundary = value);
+    },
+    // A digest is hex: its JSON string needs no escaping.
+    [RECORD_FIELDS_JSON]: [
+      `"task_digest":"${taskDigest}","boundary":`,
+      record.fieldBytes('boundary')!,
+    ],
+  };
 }
 
 export interface EpisodeRunOptions {
@@ -182,11 +245,17 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
       running: this.steps.has(key),
     });
     if (refusal) return Promise.reject(refusal);
+    let continuation: Boundary | null;
+    try {
+      continuation = restored?.boundary ?? null; // a restored boundary is decoded here
+    } catch (err) {
+      return Promise.reject(err as Error);
+    }
     this.track(key);
     return this.steps.run(
       key,
       {
-        continuation: restored?.boundary ?? null,
+        continuation,
         deadlineSeconds: options.deadlineSeconds ?? null,
         restart: options.restart ?? false,
       },
@@ -266,14 +335,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
 
   validateRecord(record: JsonObject, key: string): EnvironmentRecord {
     const { episode_id, task_digest, boundary } = record;
-    const problems: string[] = [];
-    const extra = unknownRecordKeys(record);
-    if (extra.length > 0) problems.push(`unknown keys ${extra.join(', ')}`);
-    if (typeof task_digest !== 'string' || !SHA256_HEX.test(task_digest)) {
-      problems.push('task_digest must be a sha256 hex digest');
-    }
-    const isObject = typeof boundary === 'object' && boundary !== null && !Array.isArray(boundary);
-    if (boundary !== null && !isObject) problems.push('boundary must be an object or null');
+    const problems = recordProblems(Object.keys(record), task_digest, boundary);
     let episode: EpisodeId | undefined;
     try {
       episode = episodeIdFromJson(episode_id);
@@ -288,6 +350,23 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
       task_digest: task_digest as string,
       boundary: (boundary ?? null) as Boundary | null,
     };
+  }
+
+  /** Checks the keys and the task digest now; the boundary waits for the replacement's `/run`. */
+  validateRawRecord(record: RawRecord, key: string): EnvironmentRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
+    const taskDigest = record.field('task_digest');
+    const names = record.fieldNames();
+    const problems = recordProblems(
+      names,
+      taskDigest,
+      names.includes('boundary') ? DEFERRED : undefined,
+    );
+    if (problems.length > 0) {
+      throw new CheckpointStateError(`environment record ${key}: ${problems.join('; ')}`);
+    }
+    return undecodedRecord(record, key, taskDigest as string);
   }
 
   override checkRestore(): void {

@@ -8,7 +8,14 @@ import { join } from 'node:path';
 
 import { CheckpointStateError, encodeJson } from '@ckpt-gym/core/protocol';
 import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
-import { AGENT_RESPONSE, type Behaviour, Gate, OBSERVATIONS, until } from '@ckpt-gym/testing';
+import {
+  AGENT_RESPONSE,
+  type Behaviour,
+  Gate,
+  OBSERVATIONS,
+  until,
+  writeCorruptedCopy,
+} from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
 import { EnvironmentParticipant } from '../src/participant.js';
@@ -399,6 +406,39 @@ describe('checkpoints', () => {
     expect((await third.restore('c2', [R1_A1])).body.restored).toEqual(['r1-a2']);
     await third.resume('c2');
     expect((await third.run(runBody('r1', 2))).body.result).toMatchObject({ reward: 1 });
+  });
+
+  it('a restored boundary that is not JSON restores; its replacement /run is a typed error naming it, the others run', async () => {
+    const R2 = { rollout_id: 'r2', attempt: 0 };
+    const first = await server();
+    first.agent.on('/v1/responses', { gate: new Gate() });
+    for (const r of ['r1', 'r2']) first.run(runBody(r)).catch(() => undefined);
+    await first.agent.arrived('/v1/responses', 2);
+    expect((await first.prepare('c1')).body.phase).toBe('prepared');
+    expect((await first.commit('c1', [R1, R2])).body.episode_ids).toEqual(['r1', 'r2']);
+    await crash(first);
+    // The store writes the copy: digest, count and episodes are right; r1's boundary is not JSON.
+    await writeCorruptedCopy({
+      from: first.checkpointDir('c1'),
+      to: first.checkpointDir('c2'),
+      kind: 'environment',
+      instance: 'env',
+      checkpointId: 'c2',
+      rollout: 'r1',
+      field: 'boundary',
+      // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
+      text: `{"stage":nope,"pad":"${'x'.repeat(20_000)}"}`,
+    });
+    const second = await server();
+    expect((await second.restore('c2', [R1, R2])).body.restored).toEqual(['r1-a1', 'r2-a1']);
+    await second.resume('c2');
+    for (let i = 0; i < 2; i++) {
+      const broken = await second.run(runBody('r1', 1));
+      expect(broken.body.error).toMatchObject({ code: 'invalid_checkpoint_state' });
+      expect(JSON.stringify(broken.body.error)).toContain("'r1'");
+    }
+    expect((await second.status()).restored_pending).toEqual(['r1-a1', 'r2-a1']);
+    expect((await second.run(runBody('r2', 1))).body.result).toMatchObject({ reward: 1 });
   });
 
   it('a commit whose scope leaves out a restored episode retires it', async () => {

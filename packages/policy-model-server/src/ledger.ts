@@ -119,8 +119,8 @@ function createExclusiveNow(path: string): void {
  * Writes `text` as the whole content of `path`, in place: truncating a file that holds data to
  * zero (O_TRUNC) makes ext4 start writing it back on close, several times the cost of the write.
  */
-function overwriteNow(path: string, text: string): void {
-  const data = Buffer.from(text);
+function overwriteNow(path: string, text: string | Buffer): void {
+  const data = typeof text === 'string' ? Buffer.from(text) : text;
   const fd = fs.openSync(path, fs.constants.O_WRONLY | fs.constants.O_CREAT);
   try {
     writeAllNow(fd, data);
@@ -131,10 +131,10 @@ function overwriteNow(path: string, text: string): void {
 }
 
 /** Creates `path` holding `text`; it must not exist yet. */
-function createNow(path: string, text: string): void {
+function createNow(path: string, text: string | Buffer): void {
   const fd = fs.openSync(path, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_EXCL);
   try {
-    writeAllNow(fd, Buffer.from(text));
+    writeAllNow(fd, typeof text === 'string' ? Buffer.from(text) : text);
   } finally {
     fs.closeSync(fd);
   }
@@ -200,6 +200,31 @@ async function remove(path: string): Promise<boolean> {
     if (isMissing(err)) return false;
     throw err;
   }
+}
+
+/**
+ * A ledger's rows as their JSON texts, each exactly what the codec writes for its row (a
+ * checkpoint record's rows as read back): installed as they are, nothing decoded or encoded.
+ */
+export class RowTexts {
+  constructor(readonly texts: readonly Uint8Array[]) {}
+
+  get length(): number {
+    return this.texts.length;
+  }
+}
+
+/** The rows a restore installs under a target: rows (encoded here) or their texts. */
+export type LedgerTarget = readonly JsonObject[] | RowTexts;
+
+const NEWLINE = Buffer.from('\n');
+
+/** A target's ledger file: one row's JSON per line. */
+function ledgerFileText(rows: LedgerTarget): string | Buffer {
+  if (!(rows instanceof RowTexts)) return rows.map((row) => `${encodeJson(row)}\n`).join('');
+  const parts: Uint8Array[] = [];
+  for (const text of rows.texts) parts.push(text, NEWLINE);
+  return Buffer.concat(parts);
 }
 
 function parseRows(text: string): JsonObject[] {
@@ -583,7 +608,7 @@ export class CaptureLedger {
    * overwritten in place (no unlink first); a new one is created. One directory sync at the end.
    */
   async restore(
-    targets: ReadonlyMap<string, readonly JsonObject[]>,
+    targets: ReadonlyMap<string, LedgerTarget>,
     retired: readonly string[],
     through: readonly EpisodeId[] = [],
   ): Promise<RolloutRemoval> {
@@ -593,7 +618,7 @@ export class CaptureLedger {
 
   async #retireAndInstall(
     retired: readonly string[],
-    targets: ReadonlyMap<string, readonly JsonObject[]>,
+    targets: ReadonlyMap<string, LedgerTarget>,
     through: readonly EpisodeId[],
   ): Promise<RolloutRemoval> {
     const work = new Map<string, RolloutWork>();
@@ -711,7 +736,7 @@ export class CaptureLedger {
    */
   #installNow(
     keys: readonly string[],
-    targets: ReadonlyMap<string, readonly JsonObject[]>,
+    targets: ReadonlyMap<string, LedgerTarget>,
     files: Map<string, number>,
     donors: ReadonlyMap<string, string>,
   ): void {
@@ -730,7 +755,7 @@ export class CaptureLedger {
       const rows = targets.get(key) ?? [];
       if (rows.length === 0) continue;
       this.#known.delete(key);
-      const text = rows.map((row) => `${encodeJson(row)}\n`).join('');
+      const text = ledgerFileText(rows);
       const ledger = this.path(key, LEDGER_SUFFIX);
       const donor = donors.get(key);
       if (donor !== undefined) {
@@ -840,7 +865,7 @@ export class CaptureLedger {
  */
 function donorsFor(
   w: RolloutWork,
-  targets: ReadonlyMap<string, readonly JsonObject[]>,
+  targets: ReadonlyMap<string, LedgerTarget>,
   files: ReadonlyMap<string, number>,
 ): Map<string, string> {
   const donors = new Map<string, string>();

@@ -23,21 +23,27 @@ import {
   type AdmissionRequest,
   BaseParticipant,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type PrepareReport,
   prepareReport,
+  type RawRecord,
   RECORD_FIELDS_JSON,
   type RetiredMarks,
 } from '@ckpt-gym/core/server';
 import { type GenerationCuts, parseCutRecord } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
-import type { CaptureLedger } from './ledger.js';
+import { type CaptureLedger, type LedgerTarget, RowTexts } from './ledger.js';
 
 export interface ModelRecord extends CheckpointRecord {
   /** Ledger rows, token-free; restored rows carry `capture_key`, the attempt that staged them. */
   rows: JsonObject[];
   /** The episode's latest generation cut, if any (at most one). */
   generation_cuts: JsonObject[];
+  /** Each row's JSON as the checkpoint holds it (`[ROW_TEXTS][i]` encodes `rows[i]`), if read back. */
+  [ROW_TEXTS]?: readonly Buffer[];
 }
+
+const ROW_TEXTS: unique symbol = Symbol('model record rows as read back');
 
 /** The key named by an untagged call in blockers (prepare reports capture keys). */
 export const UNTAGGED_BLOCKER = '(untagged)';
@@ -53,6 +59,64 @@ export function stampRows(rows: readonly JsonObject[], source: string): JsonObje
       ? row
       : { ...row, capture_key: source },
   );
+}
+
+/** A model record's rows and cuts, checked (a throw names the episode's record). */
+function checkedRecord(rows: unknown, cuts: unknown, key: string): ModelRecord {
+  const bad = (problem: string) => new CheckpointStateError(`model record ${key}: ${problem}`);
+  if (!Array.isArray(rows) || !rows.every((r) => isJsonObject(r))) {
+    throw bad('rows must be a list of objects');
+  }
+  if (!Array.isArray(cuts) || !cuts.every((c) => isJsonObject(c))) {
+    throw bad('generation_cuts must be a list of objects');
+  }
+  if (cuts.length > 1) throw bad(`episode ${key} has more than one undelivered cut`);
+  for (const cut of cuts as JsonObject[]) {
+    try {
+      parseCutRecord(cut);
+    } catch (err) {
+      throw bad(`invalid generation cut: ${(err as Error).message}`);
+    }
+  }
+  return {
+    episode_id: parseCaptureKey(key),
+    rows: rows as JsonObject[],
+    generation_cuts: cuts as JsonObject[],
+  };
+}
+
+/**
+ * `stampRows` on rows given with their JSON texts, as texts: a row that gets its stamp has it
+ * appended to its text (where a spread puts a new key); only a row whose `capture_key` is there
+ * but empty or not a string (never written by this server) is encoded again.
+ */
+function stampRowTexts(
+  rows: readonly JsonObject[],
+  texts: readonly Buffer[],
+  source: string,
+): RowTexts {
+  const stamp = `"capture_key":${encodeJson(source)}}`;
+  return new RowTexts(
+    rows.map((row, i) => {
+      const text = texts[i]!;
+      if (row.failure_reason !== undefined) return text;
+      if (typeof row.capture_key === 'string' && row.capture_key !== '') return text;
+      if (Object.hasOwn(row, 'capture_key')) {
+        return Buffer.from(encodeJson({ ...row, capture_key: source }));
+      }
+      const open = text.subarray(0, text.length - 1); // without its closing brace
+      const tail = Object.keys(row).length === 0 ? stamp : `,${stamp}`;
+      return Buffer.concat([open, Buffer.from(tail)]);
+    }),
+  );
+}
+
+/** The ledger rows a restore installs for `record`'s episode (`source`) under its next attempt. */
+function restoredRows(record: ModelRecord | undefined, source: string): LedgerTarget {
+  if (record === undefined) return [];
+  const texts = record[ROW_TEXTS];
+  if (texts === undefined) return stampRows(record.rows, source);
+  return stampRowTexts(record.rows, texts, source);
 }
 
 /** Sorted staging keys of rows and cuts. */
@@ -166,27 +230,19 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
   }
 
   validateRecord(record: JsonObject, key: string): ModelRecord {
-    const { rows, generation_cuts: cuts = [] } = record;
-    const bad = (problem: string) => new CheckpointStateError(`model record ${key}: ${problem}`);
-    if (!Array.isArray(rows) || !rows.every((r) => isJsonObject(r))) {
-      throw bad('rows must be a list of objects');
-    }
-    if (!Array.isArray(cuts) || !cuts.every((c) => isJsonObject(c))) {
-      throw bad('generation_cuts must be a list of objects');
-    }
-    if (cuts.length > 1) throw bad(`episode ${key} has more than one undelivered cut`);
-    for (const cut of cuts as JsonObject[]) {
-      try {
-        parseCutRecord(cut);
-      } catch (err) {
-        throw bad(`invalid generation cut: ${(err as Error).message}`);
-      }
-    }
-    return {
-      episode_id: parseCaptureKey(key),
-      rows: rows as JsonObject[],
-      generation_cuts: cuts as JsonObject[],
-    };
+    return checkedRecord(record.rows, record.generation_cuts ?? [], key);
+  }
+
+  /**
+   * As `validateRecord` (the rows are decoded and checked now: the install writes them to the
+   * ledger files), keeping each row's JSON text so the install writes it without encoding it.
+   */
+  validateRawRecord(record: RawRecord, key: string): ModelRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
+    const checked = checkedRecord(record.field('rows'), record.field('generation_cuts') ?? [], key);
+    checked[ROW_TEXTS] = record.fieldElements('rows')!;
+    return checked;
   }
 
   override checkRestore(): void {
@@ -207,15 +263,12 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
       }
     } else {
       const byKey = new Map(records.map((r) => [captureKey(r.episode_id), r]));
-      const targets = new Map<string, JsonObject[]>();
+      const targets = new Map<string, LedgerTarget>();
       // Every in-scope episode, with or without a record: the import also clears what dead
       // executions left for its next attempts.
       for (const episode of scope) {
         const source = captureKey(episode);
-        targets.set(
-          captureKey(nextAttempt(episode)),
-          stampRows(byKey.get(source)?.rows ?? [], source),
-        );
+        targets.set(captureKey(nextAttempt(episode)), restoredRows(byKey.get(source), source));
       }
       // Attempts 0..N continue as N+1 and never write again.
       await this.ledger.restore(targets, [], scope);

@@ -2,8 +2,8 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { encodeJson } from '@ckpt-gym/core/protocol';
-import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
+import { encodeJson, type JsonObject } from '@ckpt-gym/core/protocol';
+import { RECORD_FIELDS_JSON, writeParticipantState } from '@ckpt-gym/core/server';
 import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { afterEach, describe, expect, it } from '@jest/globals';
 
@@ -169,6 +169,49 @@ describe('restore', () => {
       'r-a2.lineage.jsonl',
       'r.lineage.retired',
     ]);
+  });
+
+  it('a restore writes each ledger row as the checkpoint’s text, the stamp appended, not decoded and encoded again', async () => {
+    // Rows as another writer spaced them: what the ledger gets shows whether they were re-encoded.
+    // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded whole and its rows encoded again.
+    const pad = 'x'.repeat(20_000);
+    const rows = [
+      `{"model_call_id": "m1", "route": "chat.completions", "pad": "${pad}"}`,
+      '{"failure_reason": "x"}',
+      '{"model_call_id": "m3", "capture_key": "q"}',
+      '{}',
+    ];
+    const dir = await tempDir();
+    await writeParticipantState({
+      checkpointDir: dir,
+      kind: 'model',
+      instance: 'policy',
+      checkpointId: 'c1',
+      records: [
+        {
+          episode_id: { rollout_id: 'r', attempt: 0 },
+          [RECORD_FIELDS_JSON]: [`"rows":[${rows.join(', ')}],"generation_cuts":[]`],
+        },
+      ],
+    });
+    const captureDir = await tempDir();
+    const h = await startHarness({ fake: await startFake(), captureDir });
+    expect((await restore(h, 'c1', dir, ['r'])).body).toMatchObject({ restored: ['r-a1'] });
+    expect(await readFile(join(captureDir, 'r-a1.lineage.jsonl'), 'utf8')).toBe(
+      [
+        `{"model_call_id": "m1", "route": "chat.completions", "pad": "${pad}","capture_key":"r"}`,
+        '{"failure_reason": "x"}',
+        '{"model_call_id": "m3", "capture_key": "q"}',
+        '{"capture_key":"r"}',
+        '',
+      ].join('\n'),
+    );
+    expect(await h.server.ledger!.exportRows('r-a1')).toEqual(
+      stampRows(
+        rows.map((r) => JSON.parse(r) as JsonObject),
+        'r',
+      ),
+    );
   });
 
   it('a chain of restores keeps each row’s original stamp', () => {

@@ -10,6 +10,7 @@ export {
   controlClient,
   type Json,
 } from './control-client.js';
+export { type CorruptedCopy, writeCorruptedCopy } from './corrupt.js';
 export { ep, episodes } from './episodes.js';
 // Core's own doubles: core's tests need them, and core cannot depend on this kit.
 export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core/testing';

@@ -153,6 +153,7 @@ export {
 } from '../steps.js';
 export {
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type Manifest,
   participantDir,
   type RawRecord,

@@ -8,6 +8,7 @@ import {
   type CheckpointRecord,
   type Manifest,
   readParticipantState,
+  readRawParticipantState,
   type WriteStop,
   writeParticipantState,
 } from '../store.js';
@@ -16,6 +17,8 @@ import {
 export interface ControlStorage {
   write: typeof writeParticipantState;
   read: typeof readParticipantState;
+  /** Used for participants with `validateRawRecord`; without it they are read through `read`. */
+  readRaw?: typeof readRawParticipantState;
 }
 
 export interface ParticipantStorageOptions {
@@ -34,7 +37,11 @@ export class ParticipantStorage<R extends CheckpointRecord> {
 
   constructor(participant: Participant<R>, options: ParticipantStorageOptions) {
     this.#participant = participant;
-    this.#storage = options.storage ?? { write: writeParticipantState, read: readParticipantState };
+    this.#storage = options.storage ?? {
+      write: writeParticipantState,
+      read: readParticipantState,
+      readRaw: readRawParticipantState,
+    };
     this.#options = options;
   }
 
@@ -59,18 +66,30 @@ export class ParticipantStorage<R extends CheckpointRecord> {
     });
   }
 
-  /** Reads and verifies the checkpoint, validating and keeping only the records in scope. */
+  /**
+   * Reads and verifies the checkpoint, validating and keeping only the records in scope: undecoded
+   * when the participant validates raw records (and the storage can read them so).
+   */
   read(
     checkpointDir: string,
     scopeKeys: ReadonlySet<string>,
   ): Promise<{ manifest: Manifest; records: R[] }> {
-    return this.#storage.read<R>({
+    const participant = this.#participant;
+    const common = {
       checkpointDir,
-      kind: this.#participant.kind,
-      instance: this.#participant.instance,
-      select: (key) => scopeKeys.has(key),
-      validate: (record, key) => this.#participant.validateRecord(record, key),
+      kind: participant.kind,
+      instance: participant.instance,
+      select: (key: string) => scopeKeys.has(key),
       signingKey: this.#options.signingKey,
+    };
+    const readRaw = this.#storage.readRaw;
+    if (participant.validateRawRecord !== undefined && readRaw !== undefined) {
+      const validateRaw = participant.validateRawRecord.bind(participant);
+      return readRaw<R>({ ...common, validate: validateRaw });
+    }
+    return this.#storage.read<R>({
+      ...common,
+      validate: (record, key) => participant.validateRecord(record, key),
     });
   }
 }
