@@ -14,7 +14,7 @@ import {
   ROLLOUT_ID_PATTERN,
 } from '@ckpt-gym/core/protocol';
 
-import { closest, didYouMean } from './suggest.js';
+import { closest, didYouMean } from '@ckpt-gym/core/server';
 
 export const PROGRAM = 'ckpt-gym';
 export const DEFAULT_CONFIG_FILE = 'ckpt-gym.yaml';

@@ -84,6 +84,14 @@ async function backend(path: string, body?: unknown): Promise<unknown> {
   return reply.json();
 }
 
+/** How many model calls the fake backend holds and has not answered. */
+async function heldCalls(): Promise<number> {
+  const { calls } = (await backend('/_ctl/calls')) as {
+    calls: { held: boolean; returned: boolean; dropped: boolean }[];
+  };
+  return calls.filter((c) => c.held && !c.returned && !c.dropped).length;
+}
+
 test('SIGTERM checkpoints with stop and exits 75; --resume after a crash writes every result exactly once', async () => {
   writeFileSync(join(dir, 'stack.yaml'), demoStackText(await freePort('127.0.0.1'), 'run-token'));
   stack = await launchStack({ configPath: join(dir, 'stack.yaml'), runDir: join(dir, 'run') });
@@ -95,13 +103,11 @@ test('SIGTERM checkpoints with stop and exits 75; --resume after a crash writes 
 
   await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
   const first = runCli(config);
-  const held = async () =>
-    (
-      (await backend('/_ctl/calls')) as {
-        calls: { held: boolean; returned: boolean; dropped: boolean }[];
-      }
-    ).calls.filter((c) => c.held && !c.returned && !c.dropped).length;
-  await until(async () => (await held()) === 4, 'four rollouts at their second model call', 30_000);
+  await until(
+    async () => (await heldCalls()) === 4,
+    'four rollouts at their second model call',
+    30_000,
+  );
   await backend('/_ctl/step', { calls: 1 });
   await until(() => results().length === 1, 'one result', 30_000);
   first.child.kill('SIGTERM');
@@ -132,12 +138,7 @@ test('SIGUSR1 takes a checkpoint and the collection goes on', async () => {
   await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
   const collection = runCli(['--config', join(dir, 'run', 'stack.yaml')]);
   await until(
-    async () => {
-      const { calls } = (await backend('/_ctl/calls')) as {
-        calls: { held: boolean; returned: boolean }[];
-      };
-      return calls.filter((c) => c.held && !c.returned).length === 2;
-    },
+    async () => (await heldCalls()) === 2,
     'two rollouts at their second model call',
     30_000,
   );
@@ -171,12 +172,7 @@ test('--resume without a checkpoint retires each rollout at its journaled attemp
   await backend('/_ctl/hold', { after_calls_per_rollout: 1 });
   const first = runCli(config);
   await until(
-    async () => {
-      const { calls } = (await backend('/_ctl/calls')) as {
-        calls: { held: boolean; returned: boolean }[];
-      };
-      return calls.filter((c) => c.held && !c.returned).length === 2;
-    },
+    async () => (await heldCalls()) === 2,
     'two rollouts at their second model call',
     30_000,
   );

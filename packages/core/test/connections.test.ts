@@ -62,8 +62,20 @@ function get(port: number, path: string, token?: string): Promise<Reply> {
   return send(port, path, token);
 }
 
-/** prepare, commit and resume of checkpoint `id` into `dir`, each on a new connection; the phases. */
-async function checkpoint(port: number, id: string, dir: string): Promise<unknown[]> {
+/**
+ * prepare, commit and resume of checkpoint `id` into a fresh directory (removed after), each on a
+ * new connection; the phases.
+ */
+async function checkpoint(port: number, id: string): Promise<unknown[]> {
+  const dir = await mkdtemp(join(tmpdir(), 'ckpt-flood-'));
+  try {
+    return await checkpointInto(port, id, dir);
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
+async function checkpointInto(port: number, id: string, dir: string): Promise<unknown[]> {
   const deadline = (): number => Date.now() / 1000 + 30;
   const control = (route: string, body: object): Promise<Reply> =>
     send(port, `/ng-control/v1/checkpoint/${route}`, TOKEN, body);
@@ -236,16 +248,11 @@ describe('a flood of idle connections', () => {
     const status = await get(port, STATUS_PATH, TOKEN);
     expect([status.status, (status.body as { phase: unknown }).phase]).toEqual([200, 'idle']);
     // A whole checkpoint of the server goes through its control reserve.
-    const dir = await mkdtemp(join(tmpdir(), 'ckpt-flood-'));
-    try {
-      expect(await checkpoint(port, 'c1', dir)).toEqual([
-        [200, 'prepared'],
-        [200, 'committed'],
-        [200, 'idle'],
-      ]);
-    } finally {
-      await rm(dir, { recursive: true, force: true });
-    }
+    expect(await checkpoint(port, 'c1')).toEqual([
+      [200, 'prepared'],
+      [200, 'committed'],
+      [200, 'idle'],
+    ]);
 
     // Released: the busy requests finish, the flood goes, and data requests are served again.
     stack.release();
@@ -327,16 +334,11 @@ describe('a flood larger than the descriptor limit of a real process', () => {
       const status = await get(port, STATUS_PATH, TOKEN);
       expect([status.status, (status.body as { phase: unknown }).phase]).toEqual([200, 'idle']);
       expect(await get(port, '/data')).toMatchObject({ status: 200, body: { ok: true } });
-      const dir = await mkdtemp(join(tmpdir(), 'ckpt-flood-'));
-      try {
-        expect(await checkpoint(port, 'c1', dir)).toEqual([
-          [200, 'prepared'],
-          [200, 'committed'],
-          [200, 'idle'],
-        ]);
-      } finally {
-        await rm(dir, { recursive: true, force: true });
-      }
+      expect(await checkpoint(port, 'c1')).toEqual([
+        [200, 'prepared'],
+        [200, 'committed'],
+        [200, 'idle'],
+      ]);
       // The server closed the oldest of the flood to stay at its bound.
       while (sockets.filter((socket) => !socket.destroyed).length > 225) {
         await new Promise((resolve) => setTimeout(resolve, 20));

@@ -25,9 +25,6 @@ import {
   type AdmissionTicket as GateTicket,
 } from '@ckpt-gym/core/server';
 
-/** The refusal of a call of a retired attempt (the model rule's). */
-export { staleCall as staleAttempt } from '@ckpt-gym/core/server';
-
 /** The marks of the gate's participant: raising one refuses the covered waiting calls at once. */
 export class GateMarks extends RetiredMarks {
   constructor(private readonly onMark: (episodes: readonly EpisodeId[]) => void) {

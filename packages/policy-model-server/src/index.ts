@@ -9,7 +9,7 @@ export {
 } from './app.js';
 export { POLICY_CONFIG_SCHEMA, type PolicyModelConfig, policyModelConfig } from './config.js';
 export { policyModelKind } from './kind.js';
-export { GateMarks, PolicyGate, type Ticket, staleAttempt } from './gate.js';
+export { GateMarks, PolicyGate, type Ticket } from './gate.js';
 export {
   CaptureLedger,
   FENCE_SUFFIX,
