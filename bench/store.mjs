@@ -1,10 +1,10 @@
-/* global Buffer, console, performance, process */
+/* global AbortController, Buffer, console, performance, process */
 // Record store benchmark: commit (writeParticipantState) and restore (readParticipantState) of N
 // agent-session records of about S KB each, next to this machine's raw limits for the same bytes
 // (sequential write + fsync, sequential read, SHA-256) and JSON.stringify / JSON.parse of the same
 // records. Each row is the median of 3 runs; compare the ratios, which one run measures together.
 //
-//   npm run build -w @ckpt-gym/core && node bench/store.mjs [--records 1000] [--size 350] [--special]
+//   npm run build && node bench/store.mjs [--records 1000] [--size 350] [--special]
 //
 // Many small records, as a whole stack's rollouts in flight give (SPEC §7: 8,000 of ~2 KB):
 // `--records 8000 --size 2`. There the cost per record, not per byte, decides.
@@ -24,7 +24,11 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
 import { writeResult } from './lib/results.mjs';
+import { AgentParticipant, AgentSessionTable, simpleAgent } from '@ckpt-gym/agent-server';
+import { createHttpClients } from '@ckpt-gym/core/client';
 import {
+  appendEncoded,
+  createLogger,
   readParticipantState,
   readRawParticipantState,
   RECORD_FIELDS_JSON,
@@ -175,6 +179,85 @@ function rawRead(path) {
   return total;
 }
 
+/** A commit of `records` into `dir`, as the bench's agent participant would write it. */
+function commitInto(dir, records) {
+  return writeParticipantState({
+    checkpointDir: dir,
+    kind: 'agent',
+    instance: 'bench',
+    checkpointId: 'bench',
+    records,
+  });
+}
+
+/**
+ * A Simple Agent holding the records' sessions, each of their messages appended (encoded once) as
+ * the agent appends what a session adds; then its participant's export, as a commit runs it.
+ */
+function agentHolding(records) {
+  const sessions = new AgentSessionTable();
+  const clients = createHttpClients();
+  const agent = simpleAgent({
+    name: 'bench',
+    config: { model_server_url: 'http://127.0.0.1:9' }, // never called
+    sessions,
+    clients,
+    logger: createLogger({ server: 'bench', kind: 'agent', level: 'error' }),
+    checkpointing: true,
+  });
+  const participant = new AgentParticipant('bench', agent.hooks);
+  const entries = records.map(({ episode_id, session }) => {
+    const id = `session-${episode_id.rollout_id}`;
+    const request = {
+      agent_session_id: id,
+      episode_id,
+      task_id: 'bench',
+      tool_accesses: [],
+      sandbox_access: null,
+    };
+    const state = { toolAccess: null, resourcesCookies: null, observations: [] };
+    for (const message of session.messages) appendEncoded(state.observations, message);
+    const entry = {
+      id,
+      request,
+      fingerprint: '',
+      episode: episode_id,
+      activations: 1,
+      completedActivation: 1,
+      completedReply: null,
+      closing: false,
+      state,
+    };
+    sessions.set(entry);
+    participant.openSession(id, episode_id);
+    return entry;
+  });
+  return { participant, entries, close: () => clients.close() };
+}
+
+/** Times the agent's export of the records' sessions and their commit (each session changed since the last). */
+async function timedAgentCommit(records, root) {
+  const { participant, entries, close } = agentHolding(records);
+  let run = 0;
+  const signal = new AbortController().signal;
+  try {
+    return await timed(
+      async (dir) => {
+        await commitInto(dir, await participant.export(null, signal));
+      },
+      async () => {
+        await rm(join(root, `agent-${run - 1}`), { recursive: true, force: true });
+        // A completed activation since the last commit: the sessions' states are exported anew.
+        for (const entry of entries) entry.completedActivation = ++entry.activations;
+        return join(root, `agent-${run++}`);
+      },
+    );
+  } finally {
+    await rm(join(root, `agent-${run - 1}`), { recursive: true, force: true });
+    close();
+  }
+}
+
 const loadStart = loadavg();
 const root = await mkdtemp(join(tmpdir(), 'ckpt-gym-bench-store-'));
 try {
@@ -186,13 +269,7 @@ try {
   let manifest;
   const commit = await timed(
     async (dir) => {
-      manifest = await writeParticipantState({
-        checkpointDir: dir,
-        kind: 'agent',
-        instance: 'bench',
-        checkpointId: 'bench',
-        records,
-      });
+      manifest = await commitInto(dir, records);
     },
     async () => {
       const dir = join(root, `commit-${commitRun++}`);
@@ -221,13 +298,7 @@ try {
   const timedCommit = async (encoded) => {
     const row = await timed(
       async (dir) => {
-        await writeParticipantState({
-          checkpointDir: dir,
-          kind: 'agent',
-          instance: 'bench',
-          checkpointId: 'bench',
-          records: encoded,
-        });
+        await commitInto(dir, encoded);
       },
       async () => {
         await rm(join(root, `encoded-${preEncodedRun - 1}`), { recursive: true, force: true });
@@ -239,6 +310,7 @@ try {
   };
   const commitPreEncoded = await timedCommit(preEncoded);
   const commitPreEncodedBytes = await timedCommit(preEncodedBytes);
+  const commitAgent = await timedAgentCommit(records, root);
   const checkpointDir = join(root, `commit-${commitRun - 1}`);
   const recordsPath = join(checkpointDir, 'gym/agent/bench', manifest.records_file);
 
@@ -316,6 +388,7 @@ try {
     { name: 'restore, 1 in 10 records in scope', ...restoreTenth },
     { name: 'commit, fields pre-encoded', ...commitPreEncoded },
     { name: 'commit, fields pre-encoded as bytes', ...commitPreEncodedBytes },
+    { name: "commit, the agent's export (encoded once)", ...commitAgent },
     { name: 'restore, decode on use (raw)', ...restoreRaw },
     { name: 'raw write + fsync', ...writeFsync },
     { name: 'raw read (page cache)', ...read },
@@ -340,6 +413,10 @@ try {
       commitPreEncodedBytes.cpu_seconds / (sha256.cpu_seconds + writeFsync.cpu_seconds),
     byte_pieces_commit_over_sha256_write_fsync:
       commitPreEncodedBytes.seconds / (sha256.seconds + writeFsync.seconds),
+    agent_commit_over_sha256_write_fsync:
+      commitAgent.seconds / (sha256.seconds + writeFsync.seconds),
+    agent_commit_cpu_over_sha256_write_fsync:
+      commitAgent.cpu_seconds / (sha256.cpu_seconds + writeFsync.cpu_seconds),
     restore_cpu_over_read_sha256_parse:
       restore.cpu_seconds / (read.cpu_seconds + sha256.cpu_seconds + parse.cpu_seconds),
     raw_restore_cpu_over_read_sha256:
@@ -363,6 +440,8 @@ try {
     console.log(`${name.padEnd(50)}${value.toFixed(2)}`);
   const floors = {
     commit: stringify.seconds + sha256.seconds + writeFsync.seconds,
+    // What a commit of bytes already encoded cannot go below: hash them, write them, sync.
+    encoded_commit: sha256.seconds + writeFsync.seconds,
     restore: read.seconds + sha256.seconds + parse.seconds,
   };
   console.log(
@@ -370,6 +449,10 @@ try {
       `target ≤ ${TARGETS.commit_seconds} s), restore ${restore.seconds.toFixed(3)} s (floor read + sha256 + ` +
       `parse ${floors.restore.toFixed(3)} s, target ≤ ${TARGETS.restore_seconds} s); the targets are for ` +
       '--records 1000 --size 350 on the 2-core machine',
+  );
+  console.log(
+    `commit through the agent's export ${commitAgent.seconds.toFixed(3)} s (floor sha256 + write ` +
+      `${floors.encoded_commit.toFixed(3)} s, target ≤ ${TARGETS.commit_seconds} s)`,
   );
   const load = (l) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(
