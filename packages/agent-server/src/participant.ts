@@ -254,7 +254,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (state !== undefined) this.sessionJson(state);
   });
   /** The JSON of exported session states, by object (see `exportAgentSessions`). */
-  private readonly sessionTexts = new WeakMap<object, readonly (string | Uint8Array)[]>();
+  private readonly sessionPieces = new WeakMap<object, readonly (string | Uint8Array)[]>();
   /** Seeds and closes wait here while a checkpoint is open; seeds and direct calls are its tickets. */
   readonly gate = new AdmissionGate();
   /** Legacy `/run` protocol steps, keyed `run:<rollout_id>`. */
@@ -667,10 +667,10 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
 
   private sessionJson(state: JsonValue): readonly (string | Uint8Array)[] {
     if (typeof state !== 'object' || state === null) return [encodeJson(state)];
-    let pieces = this.sessionTexts.get(state);
+    let pieces = this.sessionPieces.get(state);
     if (pieces === undefined) {
       pieces = encodeJsonBytes(state);
-      this.sessionTexts.set(state, pieces);
+      this.sessionPieces.set(state, pieces);
     }
     return pieces;
   }
