@@ -26,6 +26,7 @@ import { runInNewContext } from 'node:vm';
 import { writeResult } from './lib/results.mjs';
 import { AgentParticipant, AgentSessionTable, simpleAgent } from '@ckpt-gym/agent-server';
 import { createHttpClients } from '@ckpt-gym/core/client';
+import { encodeJson } from '@ckpt-gym/core/protocol';
 import {
   appendEncoded,
   createLogger,
@@ -206,7 +207,7 @@ function agentHolding(records) {
     checkpointing: true,
   });
   const participant = new AgentParticipant('bench', agent.hooks);
-  const entries = records.map(({ episode_id, session }) => {
+  const entries = records.map(({ episode_id, session, boundary }) => {
     const id = `session-${episode_id.rollout_id}`;
     const request = {
       agent_session_id: id,
@@ -216,7 +217,9 @@ function agentHolding(records) {
       sandbox_access: null,
     };
     const state = { toolAccess: null, resourcesCookies: null, observations: [] };
-    for (const message of session.messages) appendEncoded(state.observations, message);
+    // With --special, the NaN and bigint of the record's metrics are a message of their own.
+    const messages = boundary.metrics ? [...session.messages, boundary.metrics] : session.messages;
+    for (const message of messages) appendEncoded(state.observations, message);
     const entry = {
       id,
       request,
@@ -243,7 +246,9 @@ async function timedAgentCommit(records, root) {
   try {
     return await timed(
       async (dir) => {
-        await commitInto(dir, await participant.export(null, signal));
+        const manifest = await commitInto(dir, await participant.export(null, signal));
+        if (manifest.record_count !== records.length)
+          throw new Error("the agent's commit wrote the wrong number of records");
       },
       async () => {
         await rm(join(root, `agent-${run - 1}`), { recursive: true, force: true });
@@ -284,7 +289,7 @@ try {
   const preEncoded = records.map(({ episode_id, ...fields }) => ({
     episode_id,
     [RECORD_FIELDS_JSON]: Object.entries(fields).map(
-      ([key, value], i) => `${i > 0 ? ',' : ''}${JSON.stringify(key)}:${JSON.stringify(value)}`,
+      ([key, value], i) => `${i > 0 ? ',' : ''}${JSON.stringify(key)}:${encodeJson(value)}`,
     ),
   }));
   // The same pieces held as UTF-8 bytes (a message encoded once when it is added, kept as bytes):
