@@ -11,6 +11,7 @@ import {
   captureKey,
   CheckpointError,
   CheckpointStateError,
+  CkptGymError,
   encodeJson,
   type EpisodeId,
   episodeIdFromJson,
@@ -246,15 +247,26 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   }
 
   /**
-   * Decodes a restored state and hands it to the restore hook. A state that is not JSON is
-   * `invalid_checkpoint_state` naming its episode, again at each use; the state stays as it was.
+   * Decodes a restored state and hands it to the restore hook. A state that is not JSON, or that
+   * the hook refuses with an untyped error, is `invalid_checkpoint_state` naming its episode, again
+   * at each use (never a 500); the state stays as it was read.
    */
   #installUndecoded(sessionId: string): Promise<void> {
     let installing = this.#installing.get(sessionId);
     if (installing === undefined) {
       installing = (async () => {
-        const state = this.#undecoded.get(sessionId)!.field('state')!;
-        await this.#declarations.hooks.restoreSessionStates({ [sessionId]: state });
+        const raw = this.#undecoded.get(sessionId)!;
+        const state = raw.field('state')!;
+        try {
+          await this.#declarations.hooks.restoreSessionStates({ [sessionId]: state });
+        } catch (err) {
+          if (err instanceof CkptGymError) throw err;
+          throw new CheckpointStateError(
+            `the restored state of resources session '${sessionId}' (episode ` +
+              `'${captureKey(raw.episode_id)}') was refused: ${(err as Error).message}`,
+            { cause: err },
+          );
+        }
         this.#undecoded.delete(sessionId);
       })().finally(() => this.#installing.delete(sessionId));
       this.#installing.set(sessionId, installing);

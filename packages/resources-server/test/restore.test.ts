@@ -285,4 +285,19 @@ describe('restored states decoded when first used', () => {
     expect(text).toContain('"state":{"count":tru,"pad":');
     expect(text).toContain('"state":{"count":2}');
   });
+
+  test('a large restored state the server refuses is invalid_checkpoint_state naming the episode at its first use, never a 500', async () => {
+    const first = await startServer(counterServer());
+    const one = await first.seed('r1', { initial_count: 1 });
+    const dir = await checkpoint(first, 'c0', ['r1']);
+    await first.close();
+    const refused = await withState(dir, 'r1', `{"count":"x","pad":"${'x'.repeat(20_000)}"}`);
+    const server = await startServer(counterServer());
+    await restore(server, 'c1', refused, ['r1']);
+    const used = await server.post('/get_counter_value', {}, { cookie: one, key: 'r1-a1' });
+    expect(used.status).toBe(422);
+    expect(used.body.error).toMatchObject({ code: 'invalid_checkpoint_state' });
+    expect(JSON.stringify(used.body)).toContain("'r1'");
+    expect(JSON.stringify(used.body)).toContain('invalid counter state');
+  });
 });
