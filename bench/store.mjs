@@ -1,10 +1,10 @@
-/* global Buffer, console, performance, process */
+/* global AbortController, Buffer, console, performance, process */
 // Record store benchmark: commit (writeParticipantState) and restore (readParticipantState) of N
 // agent-session records of about S KB each, next to this machine's raw limits for the same bytes
 // (sequential write + fsync, sequential read, SHA-256) and JSON.stringify / JSON.parse of the same
 // records. Each row is the median of 3 runs; compare the ratios, which one run measures together.
 //
-//   npm run build -w @ckpt-gym/core && node bench/store.mjs [--records 1000] [--size 350] [--special]
+//   npm run build && node bench/store.mjs [--records 1000] [--size 350] [--special]
 //
 // Many small records, as a whole stack's rollouts in flight give (SPEC §7: 8,000 of ~2 KB):
 // `--records 8000 --size 2`. There the cost per record, not per byte, decides.
@@ -24,7 +24,12 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
 import { writeResult } from './lib/results.mjs';
+import { AgentParticipant, AgentSessionTable, simpleAgent } from '@ckpt-gym/agent-server';
+import { createHttpClients } from '@ckpt-gym/core/client';
+import { encodeJson } from '@ckpt-gym/core/protocol';
 import {
+  appendEncoded,
+  createLogger,
   readParticipantState,
   readRawParticipantState,
   RECORD_FIELDS_JSON,
@@ -175,6 +180,89 @@ function rawRead(path) {
   return total;
 }
 
+/** A commit of `records` into `dir`, as the bench's agent participant would write it. */
+function commitInto(dir, records) {
+  return writeParticipantState({
+    checkpointDir: dir,
+    kind: 'agent',
+    instance: 'bench',
+    checkpointId: 'bench',
+    records,
+  });
+}
+
+/**
+ * A Simple Agent holding the records' sessions, each of their messages appended (encoded once) as
+ * the agent appends what a session adds; then its participant's export, as a commit runs it.
+ */
+function agentHolding(records) {
+  const sessions = new AgentSessionTable();
+  const clients = createHttpClients();
+  const agent = simpleAgent({
+    name: 'bench',
+    config: { model_server_url: 'http://127.0.0.1:9' }, // never called
+    sessions,
+    clients,
+    logger: createLogger({ server: 'bench', kind: 'agent', level: 'error' }),
+    checkpointing: true,
+  });
+  const participant = new AgentParticipant('bench', agent.hooks);
+  const entries = records.map(({ episode_id, session, boundary }) => {
+    const id = `session-${episode_id.rollout_id}`;
+    const request = {
+      agent_session_id: id,
+      episode_id,
+      task_id: 'bench',
+      tool_accesses: [],
+      sandbox_access: null,
+    };
+    const state = { toolAccess: null, resourcesCookies: null, observations: [] };
+    // With --special, the NaN and bigint of the record's metrics are a message of their own.
+    const messages = boundary.metrics ? [...session.messages, boundary.metrics] : session.messages;
+    for (const message of messages) appendEncoded(state.observations, message);
+    const entry = {
+      id,
+      request,
+      fingerprint: '',
+      episode: episode_id,
+      activations: 1,
+      completedActivation: 1,
+      completedReply: null,
+      closing: false,
+      state,
+    };
+    sessions.set(entry);
+    participant.openSession(id, episode_id);
+    return entry;
+  });
+  return { participant, entries, close: () => clients.close() };
+}
+
+/** Times the agent's export of the records' sessions and their commit (each session changed since the last). */
+async function timedAgentCommit(records, root) {
+  const { participant, entries, close } = agentHolding(records);
+  let run = 0;
+  const signal = new AbortController().signal;
+  try {
+    return await timed(
+      async (dir) => {
+        const manifest = await commitInto(dir, await participant.export(null, signal));
+        if (manifest.record_count !== records.length)
+          throw new Error("the agent's commit wrote the wrong number of records");
+      },
+      async () => {
+        await rm(join(root, `agent-${run - 1}`), { recursive: true, force: true });
+        // A completed activation since the last commit: the sessions' states are exported anew.
+        for (const entry of entries) entry.completedActivation = ++entry.activations;
+        return join(root, `agent-${run++}`);
+      },
+    );
+  } finally {
+    await rm(join(root, `agent-${run - 1}`), { recursive: true, force: true });
+    close();
+  }
+}
+
 const loadStart = loadavg();
 const root = await mkdtemp(join(tmpdir(), 'ckpt-gym-bench-store-'));
 try {
@@ -186,13 +274,7 @@ try {
   let manifest;
   const commit = await timed(
     async (dir) => {
-      manifest = await writeParticipantState({
-        checkpointDir: dir,
-        kind: 'agent',
-        instance: 'bench',
-        checkpointId: 'bench',
-        records,
-      });
+      manifest = await commitInto(dir, records);
     },
     async () => {
       const dir = join(root, `commit-${commitRun++}`);
@@ -207,7 +289,7 @@ try {
   const preEncoded = records.map(({ episode_id, ...fields }) => ({
     episode_id,
     [RECORD_FIELDS_JSON]: Object.entries(fields).map(
-      ([key, value], i) => `${i > 0 ? ',' : ''}${JSON.stringify(key)}:${JSON.stringify(value)}`,
+      ([key, value], i) => `${i > 0 ? ',' : ''}${JSON.stringify(key)}:${encodeJson(value)}`,
     ),
   }));
   // The same pieces held as UTF-8 bytes (a message encoded once when it is added, kept as bytes):
@@ -221,13 +303,7 @@ try {
   const timedCommit = async (encoded) => {
     const row = await timed(
       async (dir) => {
-        await writeParticipantState({
-          checkpointDir: dir,
-          kind: 'agent',
-          instance: 'bench',
-          checkpointId: 'bench',
-          records: encoded,
-        });
+        await commitInto(dir, encoded);
       },
       async () => {
         await rm(join(root, `encoded-${preEncodedRun - 1}`), { recursive: true, force: true });
@@ -239,6 +315,7 @@ try {
   };
   const commitPreEncoded = await timedCommit(preEncoded);
   const commitPreEncodedBytes = await timedCommit(preEncodedBytes);
+  const commitAgent = await timedAgentCommit(records, root);
   const checkpointDir = join(root, `commit-${commitRun - 1}`);
   const recordsPath = join(checkpointDir, 'gym/agent/bench', manifest.records_file);
 
@@ -316,6 +393,7 @@ try {
     { name: 'restore, 1 in 10 records in scope', ...restoreTenth },
     { name: 'commit, fields pre-encoded', ...commitPreEncoded },
     { name: 'commit, fields pre-encoded as bytes', ...commitPreEncodedBytes },
+    { name: "commit, the agent's export (encoded once)", ...commitAgent },
     { name: 'restore, decode on use (raw)', ...restoreRaw },
     { name: 'raw write + fsync', ...writeFsync },
     { name: 'raw read (page cache)', ...read },
@@ -340,6 +418,10 @@ try {
       commitPreEncodedBytes.cpu_seconds / (sha256.cpu_seconds + writeFsync.cpu_seconds),
     byte_pieces_commit_over_sha256_write_fsync:
       commitPreEncodedBytes.seconds / (sha256.seconds + writeFsync.seconds),
+    agent_commit_over_sha256_write_fsync:
+      commitAgent.seconds / (sha256.seconds + writeFsync.seconds),
+    agent_commit_cpu_over_sha256_write_fsync:
+      commitAgent.cpu_seconds / (sha256.cpu_seconds + writeFsync.cpu_seconds),
     restore_cpu_over_read_sha256_parse:
       restore.cpu_seconds / (read.cpu_seconds + sha256.cpu_seconds + parse.cpu_seconds),
     raw_restore_cpu_over_read_sha256:
@@ -363,6 +445,8 @@ try {
     console.log(`${name.padEnd(50)}${value.toFixed(2)}`);
   const floors = {
     commit: stringify.seconds + sha256.seconds + writeFsync.seconds,
+    // What a commit of bytes already encoded cannot go below: hash them, write them, sync.
+    encoded_commit: sha256.seconds + writeFsync.seconds,
     restore: read.seconds + sha256.seconds + parse.seconds,
   };
   console.log(
@@ -370,6 +454,10 @@ try {
       `target ≤ ${TARGETS.commit_seconds} s), restore ${restore.seconds.toFixed(3)} s (floor read + sha256 + ` +
       `parse ${floors.restore.toFixed(3)} s, target ≤ ${TARGETS.restore_seconds} s); the targets are for ` +
       '--records 1000 --size 350 on the 2-core machine',
+  );
+  console.log(
+    `commit through the agent's export ${commitAgent.seconds.toFixed(3)} s (floor sha256 + write ` +
+      `${floors.encoded_commit.toFixed(3)} s, target ≤ ${TARGETS.commit_seconds} s)`,
   );
   const load = (l) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(

@@ -35,6 +35,7 @@ import {
   type Boundary,
   type CheckpointRecord,
   DEFER_DECODE_MIN_BYTES,
+  encodeJsonBytes,
 } from '@ckpt-gym/core/server';
 
 import { restartCall, runSeed, SEED } from './admission.js';
@@ -47,18 +48,19 @@ export type SessionState = 'idle' | 'running' | 'at_boundary';
 
 /**
  * The record's fields as the store writes them, from JSON mostly encoded ahead: the boundary's
- * (built once per boundary) and the session state's (by object, see `exportAgentSessions`). None
- * when something is not JSON: the store then reports it against the episode.
+ * (built once per boundary) and the session state's (by object, see `exportAgentSessions`), whose
+ * messages the agent may have encoded once as it added them (`appendEncoded`). None when
+ * something is not JSON: the store then reports it against the episode.
  */
 function recordPieces(
   s: Session,
   record: AgentSessionRecord,
-  sessionJson: () => string | Uint8Array,
+  sessionJson: () => readonly (string | Uint8Array)[],
 ): (string | Uint8Array)[] | undefined {
   try {
     return [
       `"session_key":${encodeJson(record.session_key)},"session":`,
-      sessionJson(),
+      ...sessionJson(),
       ',"boundary":',
       s.exportedBoundaryJson(),
       ',"episode":',
@@ -89,7 +91,8 @@ export interface AgentSessionHooks {
   /**
    * Exports every session of `keys` at once; each key must be answered. Answering an unchanged
    * session with the same object as before lets the participant reuse the JSON it encoded for it
-   * (that object must then never change).
+   * (that object must then never change). Parts kept encoded (`encodeOnce`, and lists that only
+   * grow, `appendEncoded`) are written as the bytes they already are.
    */
   exportAgentSessions(keys: readonly string[]): Promise<ReadonlyMap<string, JsonValue>>;
   /** Installs restored sessions, all or nothing. */
@@ -251,7 +254,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (state !== undefined) this.sessionJson(state);
   });
   /** The JSON of exported session states, by object (see `exportAgentSessions`). */
-  private readonly sessionTexts = new WeakMap<object, string>();
+  private readonly sessionPieces = new WeakMap<object, readonly (string | Uint8Array)[]>();
   /** Seeds and closes wait here while a checkpoint is open; seeds and direct calls are its tickets. */
   readonly gate = new AdmissionGate();
   /** Legacy `/run` protocol steps, keyed `run:<rollout_id>`. */
@@ -656,20 +659,20 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       Object.defineProperty(record, 'session', { get: () => raw.field('session') ?? null });
     }
     const pieces = recordPieces(s, record, () =>
-      raw === null ? this.sessionJson(record.session) : raw.fieldBytes('session')!,
+      raw === null ? this.sessionJson(record.session) : [raw.fieldBytes('session')!],
     );
     if (pieces !== undefined) record[RECORD_FIELDS_JSON] = pieces;
     return record;
   }
 
-  private sessionJson(state: JsonValue): string {
-    if (typeof state !== 'object' || state === null) return encodeJson(state);
-    let text = this.sessionTexts.get(state);
-    if (text === undefined) {
-      text = encodeJson(state);
-      this.sessionTexts.set(state, text);
+  private sessionJson(state: JsonValue): readonly (string | Uint8Array)[] {
+    if (typeof state !== 'object' || state === null) return [encodeJson(state)];
+    let pieces = this.sessionPieces.get(state);
+    if (pieces === undefined) {
+      pieces = encodeJsonBytes(state);
+      this.sessionPieces.set(state, pieces);
     }
-    return text;
+    return pieces;
   }
 
   /**

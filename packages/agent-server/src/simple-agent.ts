@@ -22,6 +22,7 @@ import {
   UpstreamError,
   withRolloutPrefix,
 } from '@ckpt-gym/core/protocol';
+import { appendEncoded, appendOnly, encodeOnce } from '@ckpt-gym/core/server';
 import type { Got } from 'got';
 
 import type {
@@ -400,13 +401,14 @@ export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): Jso
   ];
   const last = lastExports.get(entry);
   if (last && last.from.every((part, i) => part === from[i])) return last.value;
+  // The seed request and a kept reply never change: each is encoded once, at its first export.
   const value: JsonObject = {
-    request: entry.request as unknown as JsonObject,
+    request: encodeOnce(entry.request) as unknown as JsonObject,
     resources_cookies: entry.state.resourcesCookies,
     observations: entry.state.observations,
     activations: entry.activations,
     completed_activation: entry.completedActivation,
-    completed_reply: entry.completedReply as unknown as JsonValue,
+    completed_reply: encodeOnce(entry.completedReply) as unknown as JsonValue,
   };
   lastExports.set(entry, { value, from });
   return value;
@@ -485,7 +487,8 @@ function restoreEntry(
   const state: SimpleSessionState = {
     toolAccess: seedToolAccess(request, transport),
     resourcesCookies: (s.resources_cookies ?? null) as Record<string, string> | null,
-    observations: (s.observations ?? []) as JsonObject[],
+    // Only ever appended to: its items are encoded once, at the first export that writes them.
+    observations: appendOnly((s.observations ?? []) as JsonObject[]),
   };
   return new RestoredEntry(
     r.sessionKey,
@@ -577,7 +580,8 @@ export class SimpleAgent implements Agent<SimpleSessionState> {
       : result.response;
     if (session) {
       session.state.resourcesCookies = result.state.resources_server_cookies;
-      session.state.observations.push(result.trajectory);
+      // Encoded once, now: each checkpoint after writes these bytes.
+      appendEncoded(session.state.observations, result.trajectory);
       return { response, cookies: result.state.model_server_cookies };
     }
     return {

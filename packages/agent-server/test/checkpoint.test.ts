@@ -1,15 +1,19 @@
-import { encodeJson } from '@ckpt-gym/core/protocol';
-import { RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
+import { decodeJson, encodeJson, type JsonObject, type JsonValue } from '@ckpt-gym/core/protocol';
+import { participantDir, RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { ep, until, writeCorruptedCopy } from '@ckpt-gym/testing';
 
+import type { AgentSessionRecord } from '../src/participant.js';
+import { exportSession } from '../src/simple-agent.js';
 import {
   activate,
   closeSession,
   commit,
   errorCode,
   type Harness,
+  post,
   prepare,
   restore,
   resume,
@@ -32,6 +36,20 @@ async function freshProcess(): Promise<Harness> {
   const next = await startAgent({ model: h.model, resources: h.resources, dir: h.dir });
   extra.push(next);
   return next;
+}
+
+/** Writes checkpoint c2: c1 with r1's session state replaced by `text` (the store writes it). */
+function copyWithSessionOfR1(text: string): Promise<void> {
+  return writeCorruptedCopy({
+    from: join(h.dir, 'c1'),
+    to: join(h.dir, 'c2'),
+    kind: 'agent',
+    instance: 'simple_agent',
+    checkpointId: 'c2',
+    rollout: 'r1',
+    field: 'session',
+    text,
+  });
 }
 
 /**
@@ -422,17 +440,8 @@ describe('agent participant: activations under checkpointing', () => {
     await prepare(h, 'c1');
     await commit(h, 'c1', [ep('r1'), ep('r2')]);
     // The store writes the copy: its digest, count and episodes are right, r1's state is not JSON.
-    await writeCorruptedCopy({
-      from: join(h.dir, 'c1'),
-      to: join(h.dir, 'c2'),
-      kind: 'agent',
-      instance: 'simple_agent',
-      checkpointId: 'c2',
-      rollout: 'r1',
-      field: 'session',
-      // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
-      text: `{"request":tru,"pad":"${'x'.repeat(20_000)}"}`,
-    });
+    // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded (and refused) at restore.
+    await copyWithSessionOfR1(`{"request":tru,"pad":"${'x'.repeat(20_000)}"}`);
     const next = await freshProcess();
     expect((await restore(next, 'c2', [ep('r1'), ep('r2')])).status).toBe(200);
     await resume(next, 'c2');
@@ -448,5 +457,114 @@ describe('agent participant: activations under checkpointing', () => {
     expect(exported[RECORD_FIELDS_JSON]!.map((p) => Buffer.from(p).toString()).join('')).toContain(
       '"session":{"request":tru,"pad":',
     );
+  });
+});
+
+/** An activation whose input holds an integer past 2^53 (JSON.parse reads it as a float). */
+function activateWith(h: { url: string }, s: Seeded, key: string, index: number) {
+  return post(
+    `${h.url}/ng-rollout/${key}/v1/responses`,
+    {
+      input: [{ role: 'user', type: 'message', content: 'weather?', seq: 2 ** 63 }],
+      tools: [{ type: 'function', name: 'get_weather', parameters: {} }],
+    },
+    { cookie: s.cookie, 'x-ng-agent-activation': String(index) },
+  );
+}
+
+/** The record lines a commit wrote for the agent, by session key. */
+async function recordLines(h: Harness, id: string): Promise<Map<string, string>> {
+  const dir = participantDir(join(h.dir, id), 'agent', 'simple_agent');
+  const manifest = JSON.parse(await readFile(join(dir, 'manifest.json'), 'utf8')) as JsonObject;
+  const text = await readFile(join(dir, manifest.records_file as string), 'utf8');
+  const lines = new Map<string, string>();
+  for (const line of text.split('\n').filter((l) => l.length > 0)) {
+    const record = decodeJson(line) as JsonObject;
+    lines.set(record.session_key as string, line);
+  }
+  return lines;
+}
+
+/** What encoding the session as the agent holds it now gives for its record line. */
+function expectedLine(h: Harness, key: string, episode: { rollout_id: string; attempt: number }) {
+  const entry = h.agent.sessions.get(key)!;
+  return encodeJson({
+    episode_id: episode,
+    session_key: key,
+    session: exportSession(entry),
+    boundary: null,
+    episode: null,
+  });
+}
+
+async function exported(h: Harness): Promise<AgentSessionRecord[]> {
+  return h.agent.participant!.export(null, new AbortController().signal) as Promise<
+    AgentSessionRecord[]
+  >;
+}
+
+/** The byte pieces of a record (what the agent encoded ahead, not text made for this commit). */
+function bytePieces(record: AgentSessionRecord): Uint8Array[] {
+  return (record[RECORD_FIELDS_JSON] ?? []).filter((p): p is Uint8Array => typeof p !== 'string');
+}
+
+/** The same bytes in memory (a view of them, not an equal copy). */
+function sameMemory(a: Uint8Array, b: Uint8Array): boolean {
+  return a.buffer === b.buffer && a.byteOffset === b.byteOffset && a.length === b.length;
+}
+
+describe('agent sessions encoded once', () => {
+  test('a session’s messages are encoded once, when added: every export after hands the store the same bytes', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    expect((await activateWith(h, s, 'r1', 1)).status).toBe(200);
+    const first = bytePieces((await exported(h))[0]!);
+    const trajectory = encodeJson(h.agent.sessions.get('sess-1')!.state.observations[0]!);
+    const kept = first.find((p) => Buffer.from(p).toString() === trajectory);
+    expect(kept).toBeDefined();
+    // The session grows in place (a second trajectory): the first one's bytes are not made again.
+    expect((await activateWith(h, s, 'r1', 2)).status).toBe(200);
+    const second = bytePieces((await exported(h))[0]!);
+    expect(second.some((p) => sameMemory(p, kept!))).toBe(true);
+    expect(h.agent.sessions.get('sess-1')!.state.observations).toHaveLength(2);
+  });
+
+  test('a committed record is exactly encodeJson of the session, as it grew in place and after a restore, NaN, -Infinity and big integers included', async () => {
+    h = await startStack();
+    const one = await seed(h, 'sess-1', 'r1');
+    const two = await seed(h, 'sess-2', 'r2');
+    for (const index of [1, 2]) expect((await activateWith(h, one, 'r1', index)).status).toBe(200);
+    expect((await activateWith(h, two, 'r2', 1)).status).toBe(200);
+    await prepare(h, 'c1');
+    await commit(h, 'c1', [ep('r1'), ep('r2')]);
+    const lines = await recordLines(h, 'c1');
+    expect(lines.get('sess-1')).toBe(expectedLine(h, 'sess-1', ep('r1')));
+    expect(lines.get('sess-2')).toBe(expectedLine(h, 'sess-2', ep('r2')));
+    expect(lines.get('sess-1')).toContain('"seq":9223372036854776000.0');
+    await resume(h, 'c1');
+
+    // A checkpoint (NeMo Gym's, say) whose r1 observations hold what JSON.parse cannot read.
+    const session = (decodeJson(lines.get('sess-1')!) as JsonObject).session as Record<
+      string,
+      JsonValue
+    >;
+    const observations = session.observations as JsonObject[];
+    observations[0] = { ...observations[0]!, score: NaN, low: -Infinity, id: 2n ** 64n + 1n };
+    await copyWithSessionOfR1(encodeJson(session));
+    const next = await freshProcess();
+    expect((await restore(next, 'c2', [ep('r1'), ep('r2')])).status).toBe(200);
+    await resume(next, 'c2');
+    // Used: its restored messages are kept as they are, and a new one is appended in place.
+    expect((await activateWith(next, one, 'r1-a1', 3)).status).toBe(200);
+    await prepare(next, 'c3');
+    await commit(next, 'c3', [ep('r1', 1), ep('r2', 1)]);
+    const restored = await recordLines(next, 'c3');
+    expect(restored.get('sess-1')).toBe(expectedLine(next, 'sess-1', ep('r1', 1)));
+    expect(restored.get('sess-1')).toContain(
+      '"score":NaN,"low":-Infinity,"id":18446744073709551617',
+    );
+    expect(next.agent.sessions.get('sess-1')!.state.observations).toHaveLength(3);
+    // Never used (a record this small is decoded at restore): encoded as restored.
+    expect(restored.get('sess-2')).toBe(expectedLine(next, 'sess-2', ep('r2', 1)));
   });
 });

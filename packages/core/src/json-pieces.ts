@@ -479,3 +479,154 @@ class PieceDecoder {
     return new JsonDecodeError(problem, pos - this.origin);
   }
 }
+
+// --- encoded once -----------------------------------------------------------------------------------
+
+/** UTF-8 JSON of values that never change, encoded once (`encodeOnce`). */
+const ENCODED_ONCE = new WeakMap<object, Buffer>();
+/**
+ * The items of append-only arrays (`appendEncoded`, `appendOnly`), each item's UTF-8 JSON by index
+ * after a `,` (one piece per item; the first is written without it), or undefined: not encoded
+ * yet, or the codec refused it and `encodeJsonBytes` will say why.
+ */
+const APPENDED = new WeakMap<readonly unknown[], (Buffer | undefined)[]>();
+const OPEN_ARRAY = Buffer.from('[');
+const CLOSE_ARRAY = Buffer.from(']');
+
+/** `prefix` then `encodeJson(value)`, as UTF-8 (throws as `encodeJsonBytes`). */
+function utf8Json(value: unknown, prefix = ''): Buffer {
+  const pieces = encodeJsonBytes(value);
+  const only = pieces.length === 1 ? pieces[0] : undefined;
+  if (typeof only === 'string') return Buffer.from(prefix + only);
+  const parts = pieces.map((p) => (typeof p === 'string' ? Buffer.from(p) : p));
+  return Buffer.concat(prefix === '' ? parts : [Buffer.from(prefix), ...parts]);
+}
+
+/** `utf8Json`, or undefined when the codec refuses the value. */
+function utf8JsonOrUndefined(value: unknown, prefix = ''): Buffer | undefined {
+  try {
+    return utf8Json(value, prefix);
+  } catch (err) {
+    if (err instanceof JsonEncodeError) return undefined;
+    throw err;
+  }
+}
+
+/**
+ * Encodes `value` now and keeps its UTF-8 JSON with it: `encodeJsonBytes` writes those bytes
+ * wherever it meets the value. The value must never change afterwards. A scalar, or a value the
+ * codec refuses, is left as it is (encoded, or refused, where it is written). Returns `value`.
+ */
+export function encodeOnce<T>(value: T): T {
+  if (typeof value === 'object' && value !== null && !ENCODED_ONCE.has(value)) {
+    const bytes = utf8JsonOrUndefined(value);
+    if (bytes !== undefined) ENCODED_ONCE.set(value, bytes);
+  }
+  return value;
+}
+
+/**
+ * Marks `list` append-only: `encodeJsonBytes` encodes each item once, the first time it writes it,
+ * and reuses those bytes after. Items may be added (by `appendEncoded` or `push`), never changed,
+ * removed or reordered. Returns `list` (anything not an array is left as it is).
+ */
+export function appendOnly<T>(list: T[]): T[] {
+  if (Array.isArray(list) && !APPENDED.has(list)) APPENDED.set(list, []);
+  return list;
+}
+
+/** Appends `items` to the append-only `list` (marking it so), each encoded once, now. */
+export function appendEncoded<T>(list: T[], ...items: T[]): void {
+  const encoded = APPENDED.get(appendOnly(list))!;
+  // Items pushed without encoding before are encoded when first written, as `appendOnly` says.
+  encoded.length = list.length;
+  for (const item of items) {
+    list.push(item);
+    encoded.push(utf8JsonOrUndefined(item, ','));
+  }
+}
+
+/**
+ * `encodeJson(value)` as pieces (text and UTF-8 bytes) that join to the same bytes, writing the
+ * kept bytes of values encoded once and of append-only arrays' items instead of encoding them
+ * again. Throws the codec's `JsonEncodeError` for a value it refuses.
+ */
+export function encodeJsonBytes(value: unknown): (string | Uint8Array)[] {
+  const out = new PieceList();
+  writeBytes(value, 0, out);
+  return out.finish();
+}
+
+/** Pieces with adjacent texts joined, so a store writing them switches between the two kinds rarely. */
+class PieceList {
+  readonly #pieces: (string | Uint8Array)[] = [];
+  #text = '';
+
+  text(text: string): void {
+    this.#text += text;
+  }
+
+  bytes(bytes: Uint8Array): void {
+    if (this.#text.length > 0) this.#pieces.push(this.#text);
+    this.#text = '';
+    this.#pieces.push(bytes);
+  }
+
+  finish(): (string | Uint8Array)[] {
+    if (this.#text.length > 0) this.#pieces.push(this.#text);
+    this.#text = '';
+    return this.#pieces;
+  }
+}
+
+function writeBytes(value: unknown, depth: number, out: PieceList): void {
+  if (typeof value !== 'object' || value === null) {
+    out.text(encodeJson(value));
+    return;
+  }
+  const once = ENCODED_ONCE.get(value);
+  if (once !== undefined) {
+    out.bytes(once);
+    return;
+  }
+  const items = Array.isArray(value) ? APPENDED.get(value) : undefined;
+  if (items !== undefined) {
+    writeAppended(value as unknown[], items, out);
+  } else if (depth >= ENCODE_SPLIT_DEPTH || !(Array.isArray(value) || isPlainObject(value))) {
+    // Deep (or not JSON, which the codec refuses): nothing kept below is looked for.
+    out.text(encodeJson(value));
+  } else if (Array.isArray(value)) {
+    out.text('[');
+    for (let i = 0; i < value.length; i++) {
+      if (i > 0) out.text(',');
+      writeBytes(value[i], depth + 1, out);
+    }
+    out.text(']');
+  } else {
+    const keys = jsonKeys(value);
+    out.text('{');
+    for (let i = 0; i < keys.length; i++) {
+      const key = keys[i] as string;
+      out.text(`${i > 0 ? ',' : ''}${JSON.stringify(key)}:`);
+      writeBytes((value as Record<string, unknown>)[key], depth + 1, out);
+    }
+    out.text('}');
+  }
+}
+
+/** An append-only array, each item's kept bytes (items new since are encoded now, and kept). */
+function writeAppended(
+  list: readonly unknown[],
+  items: (Buffer | undefined)[],
+  out: PieceList,
+): void {
+  // Shorter than its kept items: it was not append-only after all, so nothing kept is trusted.
+  if (items.length > list.length) items.length = 0;
+  out.bytes(OPEN_ARRAY);
+  for (let i = 0; i < list.length; i++) {
+    // Refused items are encoded again here, so the codec's error is thrown.
+    const item = (items[i] ??= utf8Json(list[i], ','));
+    out.bytes(i === 0 ? item.subarray(1) : item);
+  }
+  out.bytes(CLOSE_ARRAY);
+}

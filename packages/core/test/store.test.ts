@@ -11,9 +11,23 @@ import fc from 'fast-check';
 
 import { CheckpointStateError } from '../src/errors.js';
 import { parentsUpTo } from '../src/fsync.js';
-import { decodeJsonPieces, encodeJsonPieces } from '../src/json-pieces.js';
+import {
+  appendEncoded,
+  appendOnly,
+  decodeJsonPieces,
+  encodeJsonBytes,
+  encodeJsonPieces,
+  encodeOnce,
+} from '../src/json-pieces.js';
 import { captureKey, episodeId, type EpisodeId } from '../src/identity.js';
-import { decodeJson, encodeJson, jsonKeys, type JsonObject, type JsonValue } from '../src/json.js';
+import {
+  decodeJson,
+  encodeJson,
+  JsonEncodeError,
+  jsonKeys,
+  type JsonObject,
+  type JsonValue,
+} from '../src/json.js';
 import {
   MANIFEST_FILE,
   participantDir,
@@ -1263,3 +1277,66 @@ async function transpileForChildren(entry: string): Promise<string> {
   expect((await stat(join(out, 'store.js'))).isFile()).toBe(true);
   return join(out, 'store.js');
 }
+
+function joined(pieces: readonly (string | Uint8Array)[]): string {
+  return Buffer.concat(pieces.map((p) => (typeof p === 'string' ? Buffer.from(p) : p))).toString();
+}
+
+/** A session as an agent holds it: its messages appended (encoded) one by one. */
+function session(messages: readonly JsonValue[], extra: JsonValue): Record<string, JsonValue> {
+  const list: JsonValue[] = [];
+  for (const message of messages) appendEncoded(list, message);
+  return { model: 'policy', messages: list, extra: encodeOnce(extra) };
+}
+
+describe('encodeJsonBytes', () => {
+  test('property: the pieces join to exactly encodeJson of the value, with values encoded once and lists appended to inside', () => {
+    fc.assert(
+      fc.property(fc.array(jsonish, { maxLength: 6 }), jsonish, (messages, extra) => {
+        const held = () => session(messages as JsonValue[], extra as JsonValue);
+        const value = { outer: [held()], top: held() };
+        expect(joined(encodeJsonBytes(value))).toBe(encodeJson(value));
+      }),
+      { numRuns: 200 },
+    );
+  });
+
+  test('NaN, -Infinity, -0 and big integers in appended messages are written as the codec writes them', () => {
+    const list = appendOnly<JsonValue>([]);
+    appendEncoded(list, { score: NaN, low: -Infinity, zero: -0, id: 2n ** 64n + 1n });
+    list.push({ seed: 12345678901234567890n, ratio: 1e300 }); // pushed without encoding: still exact
+    appendEncoded(list, [Infinity, 'é🙂']);
+    const text = joined(encodeJsonBytes({ messages: list }));
+    expect(text).toBe(encodeJson({ messages: list }));
+    expect(text).toContain('"score":NaN,"low":-Infinity,"zero":-0.0,"id":18446744073709551617');
+    expect(decodeJson(text)).toEqual({ messages: list });
+    expect(decodeJsonPieces(Buffer.from(text))).toEqual({ messages: list });
+  });
+
+  test('an appended message is encoded when it is added, and its bytes are what every later write uses', () => {
+    const list: JsonValue[] = [];
+    const message: Record<string, JsonValue> = { role: 'user', content: 'hello' };
+    appendEncoded(list, message);
+    // Against the contract, on purpose: a change after the append shows the kept bytes are used.
+    message.content = 'changed';
+    expect(joined(encodeJsonBytes(list))).toBe('[{"role":"user","content":"hello"}]');
+    const once = encodeOnce({ a: 1 });
+    once.a = 2;
+    expect(joined(encodeJsonBytes({ once }))).toBe('{"once":{"a":1}}');
+  });
+
+  test('a list that shrank is not trusted: it is written as it is now', () => {
+    const list: JsonValue[] = [];
+    appendEncoded(list, 'a', 'b', 'c');
+    list.shift();
+    expect(joined(encodeJsonBytes(list))).toBe('["b","c"]');
+  });
+
+  test('a value the codec refuses is refused when written, with its JsonEncodeError', () => {
+    const list: unknown[] = [];
+    appendEncoded(list, { when: new Date(0) });
+    expect(() => encodeJsonBytes({ list })).toThrow(JsonEncodeError);
+    expect(() => encodeJsonBytes({ x: undefined })).toThrow(JsonEncodeError);
+    expect(() => encodeJsonBytes(encodeOnce({ f: () => 1 }))).toThrow(JsonEncodeError);
+  });
+});

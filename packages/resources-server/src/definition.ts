@@ -34,7 +34,11 @@ export const RESERVED_TOOL_NAMES: readonly string[] = [
 export interface SessionHooks {
   /** A snapshot per session id it still holds; ids it no longer holds are left out. */
   exportSessionStates(sessionIds: readonly string[]): Promise<Record<string, JsonValue>>;
-  /** Validates every state, then installs all of them, or throws having installed none. */
+  /**
+   * Validates every state, then installs all of them, or throws having installed none. A large
+   * state read back from a checkpoint is handed over on its own, when a request first uses its
+   * session (a restore then spares decoding states nothing uses).
+   */
   restoreSessionStates(states: Readonly<Record<string, JsonValue>>): Promise<void>;
   /** Frees a discarded session; runs again after a retire that was cut short, so it must be idempotent. */
   retireSessionState(sessionId: string): Promise<void>;

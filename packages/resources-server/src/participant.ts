@@ -11,6 +11,8 @@ import {
   captureKey,
   CheckpointError,
   CheckpointStateError,
+  CkptGymError,
+  encodeJson,
   type EpisodeId,
   episodeIdFromJson,
   type JsonObject,
@@ -24,11 +26,14 @@ import {
   type AdmissionTicket,
   BaseParticipant,
   type CheckpointRecord,
+  DEFER_DECODE_MIN_BYTES,
   type GateView,
   isReplayableVerify,
   type Logger,
   type PrepareReport,
   prepareReport,
+  type RawRecord,
+  RECORD_FIELDS_JSON,
   resourcesAdmission,
   type ResourcesRequestState,
   RetiredMarks,
@@ -37,10 +42,14 @@ import {
 import type { CheckpointMode, Declarations, VerifyMode } from './definition.js';
 import { SessionTable, type TrackedSession } from './sessions.js';
 
+/** A record read back undecoded, kept on the record `validateRawRecord` returns. */
+const RAW_RECORD: unique symbol = Symbol('resources session record read back undecoded');
+
 export interface ResourcesSessionRecord extends CheckpointRecord {
   episode_id: EpisodeId;
   session_id: string;
   state: JsonValue;
+  [RAW_RECORD]?: RawRecord;
 }
 
 /** How a request relates to its session's lifecycle. */
@@ -100,6 +109,40 @@ const START = 'start';
 
 const RECORD_KEYS = new Set(['episode_id', 'session_id', 'state']);
 
+/** Checks a record's keys and session id (its episode and state are read elsewhere). */
+function checkedSessionId(key: string, keys: readonly string[], sessionId: unknown): string {
+  const extra = keys.filter((k) => !RECORD_KEYS.has(k));
+  if (extra.length > 0) {
+    throw new CheckpointStateError(`resources record ${key}: unknown keys ${extra.join(', ')}`);
+  }
+  if (typeof sessionId !== 'string' || sessionId === '') {
+    throw new CheckpointStateError(
+      `resources record ${key}: session_id must be a non-empty string`,
+    );
+  }
+  if (!keys.includes('state')) {
+    throw new CheckpointStateError(`resources record ${key}: state is missing`);
+  }
+  return sessionId;
+}
+
+/** A restored session's record exported as it was read: its state's bytes, never decoded. */
+function undecodedRecord(session: TrackedSession, raw: RawRecord): ResourcesSessionRecord {
+  const record: ResourcesSessionRecord = {
+    episode_id: session.episode,
+    session_id: session.id,
+    // Decoded only if the store must encode the record itself.
+    get state(): JsonValue {
+      return raw.field('state')!;
+    },
+  };
+  record[RECORD_FIELDS_JSON] = [
+    `"session_id":${encodeJson(session.id)},"state":`,
+    raw.fieldBytes('state')!,
+  ];
+  return record;
+}
+
 export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord> {
   override readonly marks: RetiredMarks = new FencingMarks(
     (rollouts) => this.#fenceMarked(rollouts),
@@ -120,6 +163,13 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   /** Session ids of retired attempts, by rollout, until forget: cookie-only requests are refused. */
   readonly #retiredIds = new Map<string, Set<string>>();
   readonly #retiredRolloutOf = new Map<string, string>();
+  /**
+   * Restored states read back undecoded, by session id: each is decoded and handed to the
+   * restore hook when a request first uses its session (until then it is exported as it was read).
+   */
+  readonly #undecoded = new Map<string, RawRecord>();
+  /** Those being handed to the hook now, so concurrent first requests wait for one install. */
+  readonly #installing = new Map<string, Promise<void>>();
 
   constructor(
     instance: string,
@@ -175,7 +225,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     const admitted = session;
 
     let released = false;
-    return {
+    const admission: Admission = {
       succeeded: (sessionId, endRequested) => this.#apply(req, sessionId, endRequested),
       release: () => {
         if (released) return;
@@ -185,6 +235,43 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
         this.#wake();
       },
     };
+    if (admitted !== undefined && this.#undecoded.has(admitted.id)) {
+      try {
+        await this.#installUndecoded(admitted.id);
+      } catch (err) {
+        admission.release();
+        throw err;
+      }
+    }
+    return admission;
+  }
+
+  /**
+   * Decodes a restored state and hands it to the restore hook. A state that is not JSON, or that
+   * the hook refuses with an untyped error, is `invalid_checkpoint_state` naming its episode, again
+   * at each use (never a 500); the state stays as it was read.
+   */
+  #installUndecoded(sessionId: string): Promise<void> {
+    let installing = this.#installing.get(sessionId);
+    if (installing === undefined) {
+      installing = (async () => {
+        const raw = this.#undecoded.get(sessionId)!;
+        const state = raw.field('state')!;
+        try {
+          await this.#declarations.hooks.restoreSessionStates({ [sessionId]: state });
+        } catch (err) {
+          if (err instanceof CkptGymError) throw err;
+          throw new CheckpointStateError(
+            `the restored state of resources session '${sessionId}' (episode ` +
+              `'${captureKey(raw.episode_id)}') was refused: ${(err as Error).message}`,
+            { cause: err },
+          );
+        }
+        this.#undecoded.delete(sessionId);
+      })().finally(() => this.#installing.delete(sessionId));
+      this.#installing.set(sessionId, installing);
+    }
+    return installing;
   }
 
   #requestState(
@@ -324,10 +411,15 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       (s) => !s.fenced && !this.#carried.has(s.key) && (inScope === null || inScope.has(s.key)),
     );
     if (chosen.length === 0) return [];
-    const states = await this.#declarations.hooks.exportSessionStates(chosen.map((s) => s.id));
+    const asked = chosen.filter((s) => !this.#undecoded.has(s.id)).map((s) => s.id);
+    const states =
+      asked.length > 0 ? await this.#declarations.hooks.exportSessionStates(asked) : {};
     const records: ResourcesSessionRecord[] = [];
     for (const session of chosen) {
-      if (Object.hasOwn(states, session.id)) {
+      const raw = this.#undecoded.get(session.id);
+      if (raw !== undefined) {
+        records.push(undecodedRecord(session, raw));
+      } else if (Object.hasOwn(states, session.id)) {
         records.push({
           episode_id: session.episode,
           session_id: session.id,
@@ -347,25 +439,29 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   }
 
   validateRecord(record: JsonObject, key: string): ResourcesSessionRecord {
-    const extra = Object.keys(record).filter((k) => !RECORD_KEYS.has(k));
-    if (extra.length > 0) {
-      throw new CheckpointStateError(`resources record ${key}: unknown keys ${extra.join(', ')}`);
-    }
-    if (typeof record.session_id !== 'string' || record.session_id === '') {
-      throw new CheckpointStateError(
-        `resources record ${key}: session_id must be a non-empty string`,
-      );
-    }
-    if (!Object.hasOwn(record, 'state')) {
-      throw new CheckpointStateError(`resources record ${key}: state is missing`);
-    }
+    const sessionId = checkedSessionId(key, Object.keys(record), record.session_id);
     let episode: EpisodeId;
     try {
       episode = episodeIdFromJson(record.episode_id);
     } catch (err) {
       throw new CheckpointStateError(`resources record ${key}: ${(err as Error).message}`);
     }
-    return { episode_id: episode, session_id: record.session_id, state: record.state as JsonValue };
+    return { episode_id: episode, session_id: sessionId, state: record.state as JsonValue };
+  }
+
+  /** Reads the session id now; the state is decoded when a request first uses the session. */
+  validateRawRecord(record: RawRecord, key: string): ResourcesSessionRecord {
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
+    const sessionId = checkedSessionId(key, record.fieldNames(), record.field('session_id'));
+    return {
+      episode_id: record.episode_id,
+      session_id: sessionId,
+      get state(): JsonValue {
+        return record.field('state')!;
+      },
+      [RAW_RECORD]: record,
+    };
   }
 
   override checkRestore(): void {
@@ -382,18 +478,22 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       throw new CheckpointError(`a ${this.mode} resources server cannot restore session state`);
     }
     const states: Record<string, JsonValue> = {};
+    const undecoded = new Map<string, RawRecord>();
     for (const record of records) {
-      if (Object.hasOwn(states, record.session_id)) {
+      if (Object.hasOwn(states, record.session_id) || undecoded.has(record.session_id)) {
         throw new CheckpointStateError(
           `resources session '${record.session_id}' appears in more than one record`,
         );
       }
-      states[record.session_id] = record.state;
+      const raw = record[RAW_RECORD];
+      if (raw !== undefined) undecoded.set(record.session_id, raw);
+      else states[record.session_id] = record.state;
     }
     await this.#declarations.hooks.restoreSessionStates(states);
     for (const record of records) {
       this.#sessions.bind(record.session_id, nextAttempt(record.episode_id), { restored: true });
     }
+    for (const [sessionId, raw] of undecoded) this.#undecoded.set(sessionId, raw);
     this.#wake();
   }
 
@@ -405,7 +505,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   override async deleteRestored(episode: EpisodeId): Promise<void> {
     await Promise.all(
       this.#sessions.pendingOf(episode).map(async (session) => {
-        await this.#declarations.hooks.retireSessionState(session.id);
+        await this.#retireState(session);
         this.#free(session);
       }),
     );
@@ -431,15 +531,23 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     await this.gate.until(() => sessions.every((s) => s.inflight === 0 || !tracked(s)));
     await Promise.all(
       sessions.filter(tracked).map(async (session) => {
-        await this.#declarations.hooks.retireSessionState(session.id);
+        await this.#retireState(session);
         this.#free(session);
       }),
     );
     this.#wake();
   }
 
+  /** Frees the session's state through the hook (one the hook never received has nothing to free). */
+  async #retireState(session: TrackedSession): Promise<void> {
+    if (!this.#undecoded.has(session.id)) {
+      await this.#declarations.hooks.retireSessionState(session.id);
+    }
+  }
+
   #free(session: TrackedSession): void {
     if (this.#sessions.get(session.id) !== session) return;
+    this.#undecoded.delete(session.id);
     this.#sessions.remove(session.id);
     this.#onSessionFreed?.(session.id);
   }

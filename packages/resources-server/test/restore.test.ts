@@ -1,5 +1,8 @@
-import { until } from '@ckpt-gym/testing';
+import { participantDir } from '@ckpt-gym/core/server';
+import { until, writeCorruptedCopy } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 
 import { counterServer, SessionTable, weatherServer } from '../src/index.js';
 import { type Probe, probeServer } from './probe.js';
@@ -230,5 +233,71 @@ describe('restored sessions', () => {
     await server.ok('resume', { checkpoint_id: 'c1' });
     expect((await seed.promise).body.error).toMatchObject({ code: 'stale_attempt' });
     expect(probe.calls.seed).toBe(0);
+  });
+});
+
+describe('restored states decoded when first used', () => {
+  /** A copy of checkpoint `from` whose `rollout` record holds `text` as its state. */
+  async function withState(from: string, rollout: string, text: string): Promise<string> {
+    const to = await tempDir();
+    await writeCorruptedCopy({
+      ...{ from, to, kind: 'resources', instance: 'res', checkpointId: 'c1' },
+      ...{ rollout, field: 'state', text },
+    });
+    return to;
+  }
+
+  async function recordsText(dir: string): Promise<string> {
+    const at = participantDir(dir, 'resources', 'res');
+    const manifest = JSON.parse(await readFile(join(at, 'manifest.json'), 'utf8')) as {
+      records_file: string;
+    };
+    return readFile(join(at, manifest.records_file), 'utf8');
+  }
+
+  test('a restored session whose state is not JSON restores; its first use is a typed error naming it, the others work', async () => {
+    const first = await startServer(counterServer());
+    const one = await first.seed('r1', { initial_count: 1 });
+    const two = await first.seed('r2', { initial_count: 2 });
+    const dir = await checkpoint(first, 'c0', ['r1', 'r2']);
+    await first.close();
+    // Past DEFER_DECODE_MIN_BYTES (a smaller record is decoded, and refused, at restore).
+    const pad = 'x'.repeat(20_000);
+    const padded = await withState(dir, 'r2', `{"count":2,"pad":"${pad}"}`);
+    const broken = await withState(padded, 'r1', `{"count":tru,"pad":"${pad}"}`);
+
+    const server = await startServer(counterServer());
+    expect((await restore(server, 'c1', broken, ['r1', 'r2'])).restored).toEqual([
+      'r1-a1',
+      'r2-a1',
+    ]);
+    for (let i = 0; i < 2; i++) {
+      const used = await server.post('/get_counter_value', {}, { cookie: one, key: 'r1-a1' });
+      expect(used.status).toBe(422);
+      expect(used.body.error).toMatchObject({ code: 'invalid_checkpoint_state' });
+      expect(JSON.stringify(used.body)).toContain("'r1'");
+    }
+    const counted = await server.post('/get_counter_value', {}, { cookie: two, key: 'r2-a1' });
+    expect(counted.body).toEqual({ count: 2 });
+    // The broken state is exported as it was read: it stays what it was, never a new counter.
+    const next = await checkpoint(server, 'c2', ['r1-a1', 'r2-a1']);
+    const text = await recordsText(next);
+    expect(text).toContain('"state":{"count":tru,"pad":');
+    expect(text).toContain('"state":{"count":2}');
+  });
+
+  test('a large restored state the server refuses is invalid_checkpoint_state naming the episode at its first use, never a 500', async () => {
+    const first = await startServer(counterServer());
+    const one = await first.seed('r1', { initial_count: 1 });
+    const dir = await checkpoint(first, 'c0', ['r1']);
+    await first.close();
+    const refused = await withState(dir, 'r1', `{"count":"x","pad":"${'x'.repeat(20_000)}"}`);
+    const server = await startServer(counterServer());
+    await restore(server, 'c1', refused, ['r1']);
+    const used = await server.post('/get_counter_value', {}, { cookie: one, key: 'r1-a1' });
+    expect(used.status).toBe(422);
+    expect(used.body.error).toMatchObject({ code: 'invalid_checkpoint_state' });
+    expect(JSON.stringify(used.body)).toContain("'r1'");
+    expect(JSON.stringify(used.body)).toContain('invalid counter state');
   });
 });

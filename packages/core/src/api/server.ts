@@ -151,6 +151,7 @@ export {
   type RunOptions,
   type StepMode,
 } from '../steps.js';
+export { appendEncoded, appendOnly, encodeJsonBytes, encodeOnce } from '../json-pieces.js';
 export {
   type CheckpointRecord,
   DEFER_DECODE_MIN_BYTES,
