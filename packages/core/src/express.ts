@@ -19,9 +19,18 @@ import {
   toClientError,
 } from './errors.js';
 import { nestsDeeperThan } from './json-pieces.js';
+import { currentRequestId } from './telemetry/request-id.js';
 
 export interface ErrorLogger {
   error(message: string, meta?: Record<string, unknown>): void;
+  warn?(message: string, meta?: Record<string, unknown>): void;
+}
+
+const answeredCodes = new WeakMap<Response, string>();
+
+/** The error code `sendError` answered `res` with (what the events counter counts as refused). */
+export function answeredErrorCode(res: Response): string | undefined {
+  return answeredCodes.get(res);
 }
 
 /**
@@ -33,6 +42,7 @@ export function sendError(res: Response, err: CkptGymError): void {
     res.destroy();
     return;
   }
+  answeredCodes.set(res, err.code);
   res.setHeader('x-should-retry', String(shouldRetry(err.code)));
   res.status(err.status).json(err.toBody());
 }
@@ -41,7 +51,15 @@ export function sendError(res: Response, err: CkptGymError): void {
 export function errorMiddleware(logger?: ErrorLogger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     const clientError = toClientError(err);
-    if (clientError.code === 'internal_error' && logger) {
+    if (clientError.code === 'upstream_error') {
+      // The detail names the target (postUpstream's URL without credentials or query).
+      logger?.warn?.('upstream call failed', {
+        method: req.method,
+        path: req.path,
+        request_id: currentRequestId(),
+        detail: clientError.detail,
+      });
+    } else if (clientError.code === 'internal_error' && logger) {
       logger.error('unhandled error', {
         method: req.method,
         path: req.originalUrl,
