@@ -19,11 +19,9 @@ import {
   toClientError,
 } from './errors.js';
 import { nestsDeeperThan } from './json-pieces.js';
-import { currentRequestId } from './telemetry/request-id.js';
 
 export interface ErrorLogger {
   error(message: string, meta?: Record<string, unknown>): void;
-  warn?(message: string, meta?: Record<string, unknown>): void;
 }
 
 const answeredCodes = new WeakMap<Response, string>();
@@ -51,15 +49,7 @@ export function sendError(res: Response, err: CkptGymError): void {
 export function errorMiddleware(logger?: ErrorLogger): ErrorRequestHandler {
   return (err: unknown, req, res, _next) => {
     const clientError = toClientError(err);
-    if (clientError.code === 'upstream_error') {
-      // The detail names the target (postUpstream's URL without credentials or query).
-      logger?.warn?.('upstream call failed', {
-        method: req.method,
-        path: req.path,
-        request_id: currentRequestId(),
-        detail: clientError.detail,
-      });
-    } else if (clientError.code === 'internal_error' && logger) {
+    if (clientError.code === 'internal_error' && logger) {
       logger.error('unhandled error', {
         method: req.method,
         path: req.originalUrl,

@@ -14,7 +14,7 @@ import {
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
   type PoolLimits,
 } from './settings.js';
-import { requestIdHeaders } from './telemetry/request-id.js';
+import { currentRequestScope, requestIdHeaders } from './telemetry/request-id.js';
 
 /** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
 export const KEEP_ALIVE_IDLE_MS = 15_000;
@@ -250,7 +250,14 @@ function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknow
   const onTheWay =
     err instanceof RequestError && !(err instanceof HTTPError) && err.name !== 'AbortError';
   if (signal.aborted || !onTheWay) return err;
-  return new UpstreamError(`${withoutSecrets(url)}: ${err.code || err.message}`, { cause: err });
+  const target = withoutSecrets(url);
+  const scope = currentRequestScope();
+  scope?.logger.warn('upstream call failed', {
+    target,
+    request_id: scope.id,
+    error: err.code || err.message,
+  });
+  return new UpstreamError(`${target}: ${err.code || err.message}`, { cause: err });
 }
 
 /** A URL fit for a log line or an error detail: no credentials, no query (where keys travel). */

@@ -10,7 +10,7 @@ import { answeredErrorCode } from '../express.js';
 import { captureKey, requestEpisode } from '../identity.js';
 import type { Logger, LogLevel, LogMeta } from '../logging.js';
 import type { GymMetrics } from './metrics.js';
-import { REQUEST_ID_HEADER, requestIdFor, withRequestId } from './request-id.js';
+import { REQUEST_ID_HEADER, requestIdFor, withRequestScope } from './request-id.js';
 
 /**
  * The level of the access line: below the default (`info`), so a server writes it only when
@@ -67,6 +67,6 @@ export function requestTelemetry(metrics: GymMetrics, logger: Logger): RequestHa
       if (code !== undefined) metrics.countEvent('refused', { code });
       access?.debug('request', accessLine(req, res, id, ms));
     });
-    withRequestId(id, next);
+    withRequestScope({ id, logger }, next);
   };
 }

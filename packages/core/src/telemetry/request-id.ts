@@ -8,6 +8,8 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 
+import type { Logger } from '../logging.js';
+
 export const REQUEST_ID_HEADER = 'x-request-id';
 
 /** Up to 128 of the characters ids are made of (UUIDs, ULIDs, trace-style and dotted ids). */
@@ -18,20 +20,26 @@ export function requestIdFor(header: string | string[] | undefined): string {
   return typeof header === 'string' && SANE_REQUEST_ID.test(header) ? header : randomUUID();
 }
 
-const currentRequest = new AsyncLocalStorage<string>();
-
-/** Runs `work` (and everything it starts) as part of request `id`. */
-export function withRequestId<T>(id: string, work: () => T): T {
-  return currentRequest.run(id, work);
+/** The request whose work is running: its id, and the logger of the server serving it. */
+export interface RequestScope {
+  readonly id: string;
+  readonly logger: Logger;
 }
 
-/** The id of the request whose work is running, if any. */
-export function currentRequestId(): string | undefined {
+const currentRequest = new AsyncLocalStorage<RequestScope>();
+
+/** Runs `work` (and everything it starts) as part of the request `scope`. */
+export function withRequestScope<T>(scope: RequestScope, work: () => T): T {
+  return currentRequest.run(scope, work);
+}
+
+/** The request whose work is running, if any. */
+export function currentRequestScope(): RequestScope | undefined {
   return currentRequest.getStore();
 }
 
 /** The header that passes the current request's id on to another server (none outside a request). */
 export function requestIdHeaders(): Record<string, string> {
-  const id = currentRequest.getStore();
+  const id = currentRequest.getStore()?.id;
   return id === undefined ? {} : { [REQUEST_ID_HEADER]: id };
 }
