@@ -6,10 +6,11 @@
  * message, only when no prometheus binary can be found.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
-import { accessSync, constants, writeFileSync } from 'node:fs';
+import { accessSync, constants, readFileSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 
 import { freePort } from '@ckpt-gym/coordinator-cli';
 import { ep, until } from '@ckpt-gym/testing';
@@ -125,6 +126,44 @@ function byServer(vector: Vector[]): Record<string, number> {
 
 const ROLLOUTS = ['prom-1', 'prom-2', 'prom-3'];
 
+const DASHBOARD = fileURLToPath(new URL('../../examples/grafana-dashboard.json', import.meta.url));
+
+interface Panel {
+  type: string;
+  title: string;
+  datasource?: { uid: string };
+  targets?: { expr: string; datasource: { uid: string } }[];
+}
+
+/** The dashboard's queries as Prometheus gets them once Grafana filled in its variables. */
+function dashboardQueries(): { title: string; expr: string }[] {
+  const dashboard = JSON.parse(readFileSync(DASHBOARD, 'utf8')) as {
+    templating: { list: { name: string; type: string; query: unknown }[] };
+    panels: Panel[];
+  };
+  // The datasource is a variable, so the dashboard imports into any Grafana's Prometheus.
+  expect(dashboard.templating.list[0]).toMatchObject({
+    name: 'datasource',
+    type: 'datasource',
+    query: 'prometheus',
+  });
+  const queries = dashboard.panels
+    .filter((panel) => panel.type !== 'row')
+    .flatMap((panel) => {
+      expect([panel.title, panel.datasource?.uid]).toEqual([panel.title, '${datasource}']);
+      return (panel.targets ?? []).map((target) => {
+        expect(target.datasource.uid).toBe('${datasource}');
+        const expr = target.expr
+          .replaceAll('$__rate_interval', '1m')
+          .replaceAll('$__range', '1h')
+          .replaceAll('$server', '.*');
+        return { title: panel.title, expr };
+      });
+    });
+  expect(queries.length).toBeGreaterThan(0);
+  return queries;
+}
+
 (PROMETHEUS === undefined ? describe.skip : describe)('a real Prometheus', () => {
   scenario(
     "scrapes every participant's checkpoint durations, records and bytes, under its server and kind",
@@ -136,6 +175,16 @@ const ROLLOUTS = ['prom-1', 'prom-2', 'prom-3'];
         servers.map((s) => new URL(s.url).host),
       );
 
+      // Scraped before the checkpoint: every series is there at 0 (or a first commit would be a
+      // series born at 1, which no rate() sees).
+      const names = servers.map((s) => s.name).sort();
+      const commits = 'gym_checkpoint_operation_duration_ms_count{operation="commit",outcome="ok"}';
+      const scrapedAt = async (count: number) => {
+        const counts = byServer(await prometheus.query(commits));
+        return names.every((name) => counts[name] === count);
+      };
+      await until(() => scrapedAt(0), 'a first scrape of every server', 60_000);
+
       // Three rollouts in flight, each held at its first model call, checkpointed there.
       await dep.backend('/_ctl/hold', { after_calls: 0 });
       const runs = ROLLOUTS.map((r) => dep.post('env', '/run', weatherEpisode(r)));
@@ -146,13 +195,7 @@ const ROLLOUTS = ['prom-1', 'prom-2', 'prom-3'];
       );
       expect(committed.env?.episode_ids).toEqual(ROLLOUTS);
 
-      const names = servers.map((s) => s.name).sort();
-      const commits = 'gym_checkpoint_operation_duration_ms_count{operation="commit",outcome="ok"}';
-      await until(
-        async () => Object.keys(byServer(await prometheus.query(commits))).length === names.length,
-        'a scrape of every participant after the commit',
-        60_000,
-      );
+      await until(() => scrapedAt(1), 'a scrape of every participant after the commit', 60_000);
 
       const durations = await prometheus.query(commits);
       expect(durations.map((v) => [v.metric.server, v.metric.kind]).sort()).toEqual(
@@ -188,6 +231,34 @@ const ROLLOUTS = ['prom-1', 'prom-2', 'prom-3'];
       );
       expect(Object.fromEntries(names.map((n) => [n, [records[n], bytes[n]]]))).toEqual(manifests);
       expect(records.env).toBe(ROLLOUTS.length);
+
+      // Every query of the example dashboard is valid PromQL; its checkpoint duration and call
+      // panels show this stack's participants.
+      const answered: Record<string, Vector[]> = {};
+      for (const { title, expr } of dashboardQueries()) {
+        answered[title] = [...(answered[title] ?? []), ...(await prometheus.query(expr))];
+      }
+      const shown = (title: string, labels: Record<string, string> = {}) =>
+        (answered[title] ?? [])
+          .filter((v) => Object.entries(labels).every(([k, l]) => v.metric[k] === l))
+          .filter((v) => Number.isFinite(Number(v.value[1])))
+          .map((v) => v.metric.server)
+          .sort();
+      const commitLabels = { operation: 'commit' };
+      expect(shown('Checkpoint operation duration (p99)', commitLabels)).toEqual(names);
+      expect(shown('Checkpoint operation duration (mean per operation)', commitLabels)).toEqual(
+        names,
+      );
+      // The agent reports sessions at a boundary and waiting calls, no calls in flight.
+      expect(shown('Calls in flight')).toEqual(
+        servers
+          .filter((s) => s.kind !== 'agent')
+          .map((s) => s.name)
+          .sort(),
+      );
+      const inFlight = byServer(await prometheus.query('gym_calls{state="in_flight"}'));
+      expect(inFlight.env).toBe(ROLLOUTS.length);
+      expect(shown('Requests by route and status').length).toBeGreaterThan(0);
 
       await dep.resume('c1');
       await dep.backend('/_ctl/release', {});

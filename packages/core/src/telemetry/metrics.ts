@@ -9,7 +9,12 @@
 import type { RequestHandler } from 'express';
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
 
-import type { ControlObserver, OperationEvent } from '../control/observer.js';
+import type {
+  ControlObserver,
+  ObservedOperation,
+  OperationEvent,
+  StageName,
+} from '../control/observer.js';
 import type { Participant } from '../participant.js';
 
 /** Where every gym server serves its metrics: no bearer, no admission (Prometheus scrapes it). */
@@ -72,6 +77,25 @@ export function callStates(counts: Readonly<Record<string, number>>): Map<CallSt
 /** The operations whose records and bytes are counted: a commit writes them, a restore reads them. */
 const MOVES_RECORDS = new Set<string>(['commit', 'restore']);
 
+/** The stages each operation may run (`control/observer.ts` says which runs when). */
+const OPERATION_STAGES: Readonly<Record<ObservedOperation, readonly StageName[]>> = {
+  prepare: ['close_admission', 'readiness_wait'],
+  commit: ['export', 'records_write', 'restored_cleanup', 'park'],
+  restore: ['close_admission', 'read', 'install_wait', 'install'],
+  retire: ['install_wait', 'retire_drain'],
+};
+
+/** The plane's events, counted without a code. */
+const PLANE_EVENTS: readonly GymEvent[] = [
+  'lease_expired',
+  'lease_expiry_failed',
+  'export_failed',
+  'park_failed',
+  'reopen_failed',
+  'not_ready',
+  'prepare_abandoned',
+];
+
 export interface GymMetricsOptions {
   /** The server's name in the stack file (label `server`). */
   readonly server: string;
@@ -131,6 +155,23 @@ export class GymMetrics {
       buckets: HTTP_BUCKETS_MS,
       registers,
     });
+    this.#zeroKnownSeries();
+  }
+
+  /**
+   * Starts the series of every known label set at zero: a series born at its first value has no
+   * earlier sample, so `rate` and `increase` would not see a server's first checkpoint.
+   */
+  #zeroKnownSeries(): void {
+    for (const [operation, stages] of Object.entries(OPERATION_STAGES)) {
+      this.#operations.zero({ operation, outcome: 'ok' });
+      for (const stage of stages) this.#stages.zero({ operation, stage });
+    }
+    for (const operation of MOVES_RECORDS) {
+      this.#records.inc({ operation }, 0);
+      this.#bytes.inc({ operation }, 0);
+    }
+    for (const event of PLANE_EVENTS) this.#events.inc({ event }, 0);
   }
 
   /** One admitted operation ended: its time, its stages', and what it moved when it succeeded. */

@@ -243,8 +243,25 @@ describe('checkpoint operations', () => {
           outcome: 'export_failed',
         }),
       ).toBe(1);
-      expect(samples(text, 'gym_checkpoint_records_total')).toEqual([]);
+      expect(value(text, 'gym_checkpoint_records_total', { operation: 'commit' })).toBe(0);
     });
+  });
+
+  test("every known series starts at zero, so rate() and increase() see a server's first checkpoint", async () => {
+    const text = await new GymMetrics({ server: 's', kind: 'model' }).scrape();
+    const operations = 'gym_checkpoint_operation_duration_ms_count';
+    for (const operation of ['prepare', 'commit', 'restore', 'retire']) {
+      expect([operation, value(text, operations, { operation, outcome: 'ok' })]).toEqual([
+        operation,
+        0,
+      ]);
+    }
+    const stage = { operation: 'commit', stage: 'records_write' };
+    expect(value(text, 'gym_checkpoint_stage_duration_ms_count', stage)).toBe(0);
+    for (const name of ['gym_checkpoint_records_total', 'gym_checkpoint_bytes_total']) {
+      expect(value(text, name, { operation: 'restore' })).toBe(0);
+    }
+    expect(value(text, 'gym_checkpoint_events_total', { event: 'lease_expired' })).toBe(0);
   });
 
   test('lease expiries and the other plane failures are counted as events', async () => {
