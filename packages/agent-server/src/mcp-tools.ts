@@ -20,6 +20,7 @@ import {
   type McpToolAccess,
   UpstreamError,
 } from '@ckpt-gym/core/protocol';
+import { requestIdHeaders } from '@ckpt-gym/core/client';
 
 /** How the agent names itself to MCP servers (the package's version). */
 const CLIENT_INFO = { name: 'ckpt-gym-simple-agent', version: '0.1.0' };
@@ -96,8 +97,9 @@ export class McpTools implements AsyncDisposable {
   /** Connects and lists the tools; a failure is typed (see `mcpFailure`). */
   static async connect(access: McpToolAccess, signal: AbortSignal): Promise<McpTools> {
     const client = new Client(CLIENT_INFO);
+    // The activation's request id travels on every MCP request of this connection.
     const transport = new StreamableHTTPClientTransport(new URL(access.url), {
-      requestInit: { headers: access.headers },
+      requestInit: { headers: { ...requestIdHeaders(), ...access.headers } },
     });
     try {
       await client.connect(transport, { signal });

@@ -21,6 +21,8 @@ interface ToolServer extends AsyncDisposable {
   ran: string[];
   /** The authorization header of every MCP request. */
   auth: (string | undefined)[];
+  /** The x-request-id header of every MCP request. */
+  requestIds: (string | string[] | undefined)[];
   /** Refuse requests of this JSON-RPC method with 409 `stale_attempt`, before any tool runs. */
   fence: string | null;
 }
@@ -35,11 +37,13 @@ async function startToolServer(options: { weather?: boolean } = {}): Promise<Too
     url: '',
     ran,
     auth,
+    requestIds: [],
     fence: null,
     [Symbol.asyncDispose]: async () => undefined,
   };
   app.post('/mcp', async (req, res) => {
     auth.push(req.headers.authorization);
+    tools.requestIds.push(req.headers['x-request-id']);
     const method = (req.body as { method?: string }).method;
     if (req.headers.authorization !== TOKEN || method === tools.fence) {
       res.status(409).json({ error: { code: 'stale_attempt', detail: 'token fenced' } });
@@ -109,6 +113,17 @@ describe('Simple Agent over MCP', () => {
     expect(new Set(tools.auth)).toEqual(new Set([TOKEN]));
     // No direct HTTP tool call was made.
     expect(h.resources.calls).toHaveLength(0);
+  });
+
+  test('every MCP request of an activation carries the activation’s request id', async () => {
+    await using tools = await startToolServer();
+    await using h = await startStack(onMcp);
+    const s = await seeded(h, [mcpGrant(tools.url)]);
+    const reply = await activate(h, s, 'r1', 1);
+    const id = reply.headers.get('x-request-id');
+    expect(id).toMatch(/^[0-9a-f-]{36}$/);
+    expect(tools.requestIds.length).toBeGreaterThanOrEqual(3); // initialize, tools/list, tools/call
+    expect(new Set(tools.requestIds)).toEqual(new Set([id]));
   });
 
   test('the listed tools join the request’s in the model’s request; the request’s own keep theirs', async () => {

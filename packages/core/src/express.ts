@@ -24,6 +24,13 @@ export interface ErrorLogger {
   error(message: string, meta?: Record<string, unknown>): void;
 }
 
+const answeredCodes = new WeakMap<Response, string>();
+
+/** The error code `sendError` answered `res` with (what the events counter counts as refused). */
+export function answeredErrorCode(res: Response): string | undefined {
+  return answeredCodes.get(res);
+}
+
 /**
  * Writes a typed error as `{"error": {"code", "detail"}}` with `x-should-retry` from its code's
  * retry rule, which SDKs (the openai package) obey over their own status-based guess.
@@ -33,6 +40,7 @@ export function sendError(res: Response, err: CkptGymError): void {
     res.destroy();
     return;
   }
+  answeredCodes.set(res, err.code);
   res.setHeader('x-should-retry', String(shouldRetry(err.code)));
   res.status(err.status).json(err.toBody());
 }

@@ -6,7 +6,7 @@
  */
 import { Agent } from 'node:http';
 
-import got, { type Got, HTTPError, RequestError, type Response } from 'got';
+import got, { type BeforeRequestHook, type Got, HTTPError, RequestError, type Response } from 'got';
 
 import { ConfigError, type ErrorCode, isErrorCode, UpstreamError } from './errors.js';
 import {
@@ -14,6 +14,7 @@ import {
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
   type PoolLimits,
 } from './settings.js';
+import { currentRequestScope, requestIdHeaders } from './telemetry/request-id.js';
 
 /** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
 export const KEEP_ALIVE_IDLE_MS = 15_000;
@@ -61,13 +62,19 @@ function keepAliveAgent(pool: string, limits: PoolLimits): Agent {
   });
 }
 
+/** A call made for a request carries its id on, unless the caller set one. */
+const passRequestId: BeforeRequestHook = (options) => {
+  for (const [name, value] of Object.entries(requestIdHeaders())) options.headers[name] ??= value;
+};
+
 /** Builds the data and control clients; a negative or fractional limit is a `ConfigError`. */
 export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
   const dataAgent = keepAliveAgent('data', limits.data ?? DEFAULT_DATA_POOL);
   const controlAgent = keepAliveAgent('control', limits.control ?? DEFAULT_CONTROL_POOL);
+  const hooks = { beforeRequest: [passRequestId] };
   return {
-    data: got.extend({ agent: { http: dataAgent } }),
-    control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 } }),
+    data: got.extend({ agent: { http: dataAgent }, hooks }),
+    control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 }, hooks }),
     close() {
       dataAgent.destroy();
       controlAgent.destroy();
@@ -243,5 +250,25 @@ function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknow
   const onTheWay =
     err instanceof RequestError && !(err instanceof HTTPError) && err.name !== 'AbortError';
   if (signal.aborted || !onTheWay) return err;
-  return new UpstreamError(`${url}: ${err.code || err.message}`, { cause: err });
+  const target = withoutSecrets(url);
+  const scope = currentRequestScope();
+  scope?.logger.warn('upstream call failed', {
+    target,
+    request_id: scope.id,
+    error: err.code || err.message,
+  });
+  return new UpstreamError(`${target}: ${err.code || err.message}`, { cause: err });
+}
+
+/** A URL fit for a log line or an error detail: no credentials, no query (where keys travel). */
+export function withoutSecrets(url: string): string {
+  try {
+    const parsed = new URL(url);
+    parsed.username = '';
+    parsed.password = '';
+    parsed.search = '';
+    return parsed.href;
+  } catch {
+    return '(an invalid URL)';
+  }
 }

@@ -9,9 +9,8 @@ import type { Request, RequestHandler, Response, Router } from 'express';
 
 import { InvalidRequestError, RolloutIdRequiredError } from './errors.js';
 import { jsonBody, requestSignal } from './express.js';
-import { captureKey, type EpisodeId, requestEpisode } from './identity.js';
+import { type EpisodeId, requestEpisode } from './identity.js';
 import type { JsonObject } from './json.js';
-import type { Logger, LogLevel, LogMeta } from './logging.js';
 
 /**
  * What a route does with the `/ng-rollout/<key>` prefix (the app strips it before routing):
@@ -114,54 +113,6 @@ async function serve<B, A, R>(
 }
 
 /**
- * The level of the access-timing line: below the default (`info`), so a server writes it only when
- * asked (`CKPT_GYM_LOG_LEVEL=debug`; the throughput bench does, for its per-hop latencies).
- */
-export const ACCESS_LOG_LEVEL: LogLevel = 'debug';
-
-const accessLoggers = new WeakMap<object, Logger>();
-
-/**
- * Has the gym routes of `app` write one access-timing line per request to `logger`. Nothing is
- * bound unless the logger says it writes that level (winston's `isLevelEnabled`; a logger that
- * cannot say, like a test's, gets no access lines), so by default a
- * request costs one lookup and no listener.
- */
-export function logRouteAccess(app: object, logger: Logger): void {
-  const enabled = (logger as { isLevelEnabled?: (level: string) => boolean }).isLevelEnabled;
-  if (enabled?.call(logger, ACCESS_LOG_LEVEL) === true) accessLoggers.set(app, logger);
-}
-
-/**
- * The access-timing line of one request that has ended (issue 21's access log and metrics start
- * here): the declared path, not the URL, so lines of one route group; `aborted` when the client
- * left before the reply was written.
- */
-export function accessTiming(req: Request, res: Response, route: string, startMs: number): LogMeta {
-  const episode = requestEpisode(req);
-  return {
-    method: req.method,
-    route,
-    status: res.statusCode,
-    ms: Math.round((performance.now() - startMs) * 1000) / 1000,
-    capture_key: episode === undefined ? null : captureKey(episode),
-    ...(res.writableFinished ? {} : { aborted: true }),
-  };
-}
-
-/** The first handler of a route: starts the clock when its app logs access; never answers. */
-function timed(route: string): RequestHandler {
-  return (req, res, next) => {
-    const logger = accessLoggers.get(req.app);
-    if (logger !== undefined) {
-      const start = performance.now();
-      res.once('close', () => logger.debug('request', accessTiming(req, res, route, start)));
-    }
-    next();
-  };
-}
-
-/**
  * The express handlers of a declared route. A failure goes to `next` (core's error middleware
  * answers it as JSON); once the client is gone nobody reads a reply, and its going away is no
  * server error: the socket is destroyed instead.
@@ -181,7 +132,7 @@ export function gymRoute<B = undefined, A = undefined, R = unknown>(
       next(err);
     }
   };
-  const handlers = [timed(route.path), ...(route.body ? [jsonBody(route.body.limit)] : []), handle];
+  const handlers = [...(route.body ? [jsonBody(route.body.limit)] : []), handle];
   return { method: route.method, path: route.path, handlers };
 }
 

@@ -33,9 +33,10 @@ import { KEEP_ALIVE_IDLE_MS } from './http-client.js';
 import { rolloutPrefixMiddleware } from './identity.js';
 import { createLogger, type Logger } from './logging.js';
 import type { Participant } from './participant.js';
-import { logRouteAccess } from './route.js';
 import type { CheckpointSettings, ServerKind } from './settings.js';
 import type { CheckpointRecord } from './store.js';
+import { requestTelemetry } from './telemetry/http.js';
+import { GymMetrics, METRICS_PATH, metricsHandler, metricsObserver } from './telemetry/metrics.js';
 
 export interface GymAppOptions<R extends CheckpointRecord> {
   /** The server's name in the stack file; also its checkpoint instance. */
@@ -54,6 +55,8 @@ export interface GymAppOptions<R extends CheckpointRecord> {
 export interface GymApp<R extends CheckpointRecord> {
   readonly app: Express;
   readonly logger: Logger;
+  /** The server's metrics (`GET /metrics`); `countEvent` is the seam for events outside the plane. */
+  readonly metrics: GymMetrics;
   /** The control plane, present exactly when checkpointing is on. */
   readonly plane: ControlPlane<R> | undefined;
   /** Mounts the JSON 404 and error handlers; call after the server's own routes. */
@@ -85,16 +88,22 @@ export function healthReply(
   return { status: 'ok', name, kind, pid: proc.pid, launch_id: proc.env[LAUNCH_ID_ENV] ?? null };
 }
 
+/** Each gym app's metrics, for what answers outside express (an overloaded refusal). */
+const appMetrics = new WeakMap<Express, GymMetrics>();
+
 export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<R>): GymApp<R> {
   const logger = options.logger ?? createLogger({ server: options.name, kind: options.kind });
   const app = express();
-  logRouteAccess(app, logger);
   app.disable('x-powered-by');
   app.set('etag', false);
+  const metrics = new GymMetrics({ server: options.name, kind: options.kind });
+  appMetrics.set(app, metrics);
+  app.use(requestTelemetry(metrics, logger));
   const health = healthReply(options.name, options.kind);
   app.get('/health', (_req, res) => {
     res.json(health);
   });
+  app.get(METRICS_PATH, metricsHandler(metrics));
 
   let plane: ControlPlane<R> | undefined;
   if (options.checkpoint) {
@@ -103,8 +112,10 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
         `server ${options.name}: checkpointing is on but it has no participant`,
       );
     }
+    metrics.watchParticipant(options.participant);
     plane = new ControlPlane(options.participant, {
       ...options.plane,
+      observers: [metricsObserver(metrics), ...(options.plane?.observers ?? [])],
       leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
       signingKey: options.checkpoint.signingKey,
       fileMode: options.checkpoint.fileMode,
@@ -118,6 +129,7 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
   return {
     app,
     logger,
+    metrics,
     plane,
     finish() {
       app.use(notFoundMiddleware());
@@ -257,6 +269,14 @@ export const OVERLOAD_IDLE_TIMEOUT_MS = 30_000;
 /** Requests under this path are control calls, served on every connection the server accepted. */
 const CONTROL_PATH_PREFIX = '/ng-control/';
 
+/**
+ * A scrape is served on every connection too (Prometheus must see an overloaded server), but its
+ * socket is not a controller's: it may be evicted like any idle one.
+ */
+function servedOverBound(url: string | undefined): boolean {
+  return url?.startsWith(CONTROL_PATH_PREFIX) === true || url === METRICS_PATH;
+}
+
 /** How many connections a server keeps, and how long an idle one may stay when it is full. */
 export interface ConnectionLimits {
   /** The hard ceiling (`server.maxConnections`): node closes a socket accepted beyond it. */
@@ -356,7 +376,7 @@ class ConnectionAdmission {
     state.inflight += 1;
     this.#idle.delete(socket);
     res.once('close', () => this.#end(socket, state, control && res.statusCode !== 401));
-    return control || !state.admittedOverBound || !this.#overBound();
+    return servedOverBound(req.url) || !state.admittedOverBound || !this.#overBound();
   }
 
   stop(): void {
@@ -437,7 +457,10 @@ function refuseOverloaded(res: ServerResponse, open: number): void {
 function admittedRequests(app: Express, admission: ConnectionAdmission): RequestListener {
   return (req, res) => {
     if (admission.begin(req, res)) app(req, res);
-    else refuseOverloaded(res, admission.open);
+    else {
+      appMetrics.get(app)?.countEvent('refused', { code: 'overloaded' });
+      refuseOverloaded(res, admission.open);
+    }
   };
 }
 

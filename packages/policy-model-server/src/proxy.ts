@@ -10,6 +10,7 @@ import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
 import { conversationDigest } from '@ckpt-gym/core/capture';
+import { requestIdHeaders } from '@ckpt-gym/core/client';
 import {
   CkptGymError,
   InternalError,
@@ -92,10 +93,12 @@ export class BackendClient {
     return new Promise((resolve, reject) => {
       const req = (secure ? httpsRequest : httpRequest)(target, {
         method: init.method,
-        headers:
-          init.body === undefined
-            ? init.headers
-            : { ...init.headers, 'content-length': Buffer.byteLength(init.body) },
+        // The request's id travels on to the backend (issue 21's request ids).
+        headers: {
+          ...requestIdHeaders(),
+          ...init.headers,
+          ...(init.body === undefined ? {} : { 'content-length': Buffer.byteLength(init.body) }),
+        },
         agent: secure ? this.#https : this.#http,
         signal: init.signal,
       });

@@ -1,6 +1,7 @@
 /**
  * Every failure to reach or use the inference backend is a 502 `upstream_error` that names the
  * backend and shows no internal text (no socket error, no stack), and is logged with its cause.
+ * A call's request id travels on to the backend (what ties the two servers' lines together).
  */
 import { once } from 'node:events';
 import { createServer, type RequestListener, type Server } from 'node:http';
@@ -112,5 +113,33 @@ describe('a backend answering garbage', () => {
       'the inference backend failed',
     ]);
     for (const line of warned) expect(line.meta?.error).toMatch(/aborted|ECONNRESET|hang up/);
+  });
+});
+
+describe('request ids', () => {
+  it('a generation call and a models call carry their request id on to the backend', async () => {
+    const ids: (string | string[] | undefined)[] = [];
+    const backendUrl = await brokenBackend((req, res) => {
+      ids.push(req.headers['x-request-id']);
+      req.resume();
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(
+        JSON.stringify({
+          id: 'c1',
+          object: 'chat.completion',
+          model: 'fake-model',
+          choices: [{ index: 0, message: { role: 'assistant', content: 'sunny' } }],
+          data: [],
+        }),
+      );
+    });
+    const h = await startHarness({ backendUrl });
+    const reply = await post(`${h.url}/v1/chat/completions`, CHAT_BODY, {
+      'x-request-id': 'gen-call-1',
+    });
+    expect([reply.status, reply.headers.get('x-request-id')]).toEqual([200, 'gen-call-1']);
+    const models = await fetch(`${h.url}/v1/models`, { headers: { 'x-request-id': 'models-1' } });
+    expect(models.status).toBe(200);
+    expect(ids).toEqual(['gen-call-1', 'models-1']);
   });
 });

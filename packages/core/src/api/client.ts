@@ -43,4 +43,6 @@ export {
   type HttpClientLimits,
   type HttpClients,
   postUpstream,
+  withoutSecrets,
 } from '../http-client.js';
+export { REQUEST_ID_HEADER, requestIdHeaders } from '../telemetry/request-id.js';

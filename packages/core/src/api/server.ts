@@ -169,3 +169,10 @@ export {
   WriteStop,
 } from '../store.js';
 export { closest, didYouMean, editDistance } from '../suggest.js';
+export {
+  type CallState,
+  type GymEvent,
+  GymMetrics,
+  type GymMetricsOptions,
+  METRICS_PATH,
+} from '../telemetry/metrics.js';
