@@ -6,9 +6,10 @@
  */
 import { Agent } from 'node:http';
 
-import got, { type Got, HTTPError, RequestError, type Response } from 'got';
+import got, { type BeforeRequestHook, type Got, HTTPError, RequestError, type Response } from 'got';
 
 import { ConfigError, type ErrorCode, isErrorCode, UpstreamError } from './errors.js';
+import { injectTraceContext } from './telemetry/tracing.js';
 import {
   DEFAULT_CONTROL_CONNECTION_LIMIT,
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
@@ -61,13 +62,17 @@ function keepAliveAgent(pool: string, limits: PoolLimits): Agent {
   });
 }
 
+/** Every call carries the caller's trace context (`traceparent`), when tracing is on. */
+const propagateTraceContext: BeforeRequestHook = (options) => injectTraceContext(options.headers);
+const TRACE_HOOKS = { beforeRequest: [propagateTraceContext] };
+
 /** Builds the data and control clients; a negative or fractional limit is a `ConfigError`. */
 export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
   const dataAgent = keepAliveAgent('data', limits.data ?? DEFAULT_DATA_POOL);
   const controlAgent = keepAliveAgent('control', limits.control ?? DEFAULT_CONTROL_POOL);
   return {
-    data: got.extend({ agent: { http: dataAgent } }),
-    control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 } }),
+    data: got.extend({ agent: { http: dataAgent }, hooks: TRACE_HOOKS }),
+    control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 }, hooks: TRACE_HOOKS }),
     close() {
       dataAgent.destroy();
       controlAgent.destroy();

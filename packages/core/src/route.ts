@@ -12,6 +12,7 @@ import { jsonBody, requestSignal } from './express.js';
 import { captureKey, type EpisodeId, requestEpisode } from './identity.js';
 import type { JsonObject } from './json.js';
 import type { Logger, LogLevel, LogMeta } from './logging.js';
+import { inRequestContext, traceRequest } from './telemetry/request-spans.js';
 
 /**
  * What a route does with the `/ng-rollout/<key>` prefix (the app strips it before routing):
@@ -172,7 +173,7 @@ export function gymRoute<B = undefined, A = undefined, R = unknown>(
   const handle: RequestHandler = async (req, res, next) => {
     const signal = requestSignal(req, res);
     try {
-      await serve(route, req, res, signal);
+      await inRequestContext(req, () => serve(route, req, res, signal));
     } catch (err) {
       if (signal.aborted) {
         res.destroy();
@@ -181,7 +182,12 @@ export function gymRoute<B = undefined, A = undefined, R = unknown>(
       next(err);
     }
   };
-  const handlers = [timed(route.path), ...(route.body ? [jsonBody(route.body.limit)] : []), handle];
+  const handlers = [
+    timed(route.path),
+    traceRequest(route.path),
+    ...(route.body ? [jsonBody(route.body.limit)] : []),
+    handle,
+  ];
   return { method: route.method, path: route.path, handlers };
 }
 

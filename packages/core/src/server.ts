@@ -34,6 +34,7 @@ import { rolloutPrefixMiddleware } from './identity.js';
 import { createLogger, type Logger } from './logging.js';
 import type { Participant } from './participant.js';
 import { logRouteAccess } from './route.js';
+import { tracingObserver } from './telemetry/checkpoint-spans.js';
 import type { CheckpointSettings, ServerKind } from './settings.js';
 import type { CheckpointRecord } from './store.js';
 
@@ -105,6 +106,7 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
     }
     plane = new ControlPlane(options.participant, {
       ...options.plane,
+      observers: [...(options.plane?.observers ?? []), tracingObserver()],
       leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
       signingKey: options.checkpoint.signingKey,
       fileMode: options.checkpoint.fileMode,

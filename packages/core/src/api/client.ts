@@ -44,3 +44,17 @@ export {
   type HttpClients,
   postUpstream,
 } from '../http-client.js';
+export {
+  ATTR_SERVICE_INSTANCE_ID,
+  DEFAULT_TRACES_ENDPOINT,
+  inSpan,
+  startTracing,
+  startTracingFor,
+  type StartTracingOptions,
+  stopTracing,
+  type Tracing,
+  tracingOn,
+  tracingPlan,
+  type TracingPlan,
+  TRACER_NAME,
+} from '../telemetry/tracing.js';
