@@ -10,6 +10,7 @@ import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
 import { conversationDigest } from '@ckpt-gym/core/capture';
+import { withTraceContext } from '@ckpt-gym/core/client';
 import {
   CkptGymError,
   InternalError,
@@ -92,10 +93,12 @@ export class BackendClient {
     return new Promise((resolve, reject) => {
       const req = (secure ? httpsRequest : httpRequest)(target, {
         method: init.method,
-        headers:
+        // A real backend (vLLM) joins the rollout's trace too.
+        headers: withTraceContext(
           init.body === undefined
             ? init.headers
             : { ...init.headers, 'content-length': Buffer.byteLength(init.body) },
+        ),
         agent: secure ? this.#https : this.#http,
         signal: init.signal,
       });

@@ -57,4 +57,5 @@ export {
   tracingPlan,
   type TracingPlan,
   TRACER_NAME,
+  withTraceContext,
 } from '../telemetry/tracing.js';

@@ -212,3 +212,14 @@ export function injectTraceContext(headers: Record<string, unknown>): void {
   if (running === undefined) return;
   propagation.inject(context.active(), headers);
 }
+
+/**
+ * `headers` with the active trace context added, for a call made without core's got clients (a
+ * copy while tracing is on; the same object, untouched, while it is off).
+ */
+export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
+  if (running === undefined) return headers;
+  const traced = { ...headers };
+  propagation.inject(context.active(), traced);
+  return traced;
+}
