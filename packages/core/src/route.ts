@@ -12,7 +12,7 @@ import { jsonBody, requestSignal } from './express.js';
 import { captureKey, type EpisodeId, requestEpisode } from './identity.js';
 import type { JsonObject } from './json.js';
 import type { Logger, LogLevel, LogMeta } from './logging.js';
-import { inRequestContext, traceRequest } from './telemetry/request-spans.js';
+import { traceRequest } from './telemetry/request-spans.js';
 
 /**
  * What a route does with the `/ng-rollout/<key>` prefix (the app strips it before routing):
@@ -173,7 +173,7 @@ export function gymRoute<B = undefined, A = undefined, R = unknown>(
   const handle: RequestHandler = async (req, res, next) => {
     const signal = requestSignal(req, res);
     try {
-      await inRequestContext(req, () => serve(route, req, res, signal));
+      await serve(route, req, res, signal);
     } catch (err) {
       if (signal.aborted) {
         res.destroy();

@@ -5,15 +5,7 @@
  * plane timed (`tracingObserver`), and `gym.checkpoint.coordinate.<operation>` in the controller
  * with a child per stage it calls in turn.
  */
-import {
-  context,
-  propagation,
-  ROOT_CONTEXT,
-  type Span,
-  SpanKind,
-  SpanStatusCode,
-  trace,
-} from '@opentelemetry/api';
+import { context, propagation, ROOT_CONTEXT, type Span, SpanKind, trace } from '@opentelemetry/api';
 
 import type { ControlObserver, OperationEvent, StageName } from '../control/observer.js';
 import { gymTracer, inSpan, tracingOn } from './tracing.js';
@@ -124,7 +116,7 @@ function recordOperation(event: OperationEvent): void {
 
 /**
  * The control plane's observer for traces: each operation's stages become children of the control
- * call's span and its counts its attributes; a refusal marks the span with its code. It reads the
+ * call's span and its counts its attributes; a refusal names its code on the span. It reads the
  * active span, so it costs one check while tracing is off.
  */
 export function tracingObserver(): ControlObserver {
@@ -132,11 +124,9 @@ export function tracingObserver(): ControlObserver {
     onOperation(event) {
       if (tracingOn()) recordOperation(event);
     },
+    // The span's error status comes from the call failing (inSpan); this names its code.
     onRefused(event) {
-      if (!tracingOn()) return;
-      const span = trace.getActiveSpan();
-      span?.setAttribute(ATTR_OUTCOME, event.code);
-      span?.setStatus({ code: SpanStatusCode.ERROR, message: `${event.code}: ${event.detail}` });
+      if (tracingOn()) trace.getActiveSpan()?.setAttribute(ATTR_OUTCOME, event.code);
     },
   };
 }

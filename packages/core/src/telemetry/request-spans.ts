@@ -3,10 +3,7 @@
  * caller's `traceparent` (so one rollout's calls from environment to agent to policy and resources
  * are one trace), named `<METHOD> <route template>` as the HTTP conventions name server spans.
  */
-import type { IncomingMessage } from 'node:http';
-
 import {
-  type Context,
   context,
   propagation,
   ROOT_CONTEXT,
@@ -19,16 +16,13 @@ import {
   ATTR_HTTP_RESPONSE_STATUS_CODE,
   ATTR_HTTP_ROUTE,
 } from '@opentelemetry/semantic-conventions';
-import type { Request, RequestHandler } from 'express';
+import type { RequestHandler } from 'express';
 
 import { captureKey, requestEpisode } from '../identity.js';
 import { gymTracer } from './tracing.js';
 
 /** The episode a data-plane request is part of (its `/ng-rollout/<key>` prefix). */
 export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
-
-/** Each traced request's context (its span active), for the handlers after the body is read. */
-const requestContexts = new WeakMap<IncomingMessage, Context>();
 
 /**
  * The route's first handler: opens the request's span (when tracing is on) and ends it when the
@@ -60,17 +54,8 @@ export function traceRequest(route: string): RequestHandler {
       if (res.statusCode >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
       span.end();
     });
-    const active = trace.setSpan(parent, span);
-    requestContexts.set(req, active);
-    context.with(active, next);
+    // The handlers after this one run in the span's context (body-parser keeps it across the
+    // body's socket events).
+    context.with(trace.setSpan(parent, span), next);
   };
-}
-
-/**
- * Runs `work` in the request's traced context. The body is read from socket events, which run in
- * no request's context, so the handler after it re-enters the request's own.
- */
-export function inRequestContext<T>(req: Request, work: () => T): T {
-  const active = requestContexts.get(req);
-  return active === undefined ? work() : context.with(active, work);
 }
