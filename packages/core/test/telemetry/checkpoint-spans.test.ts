@@ -15,6 +15,7 @@ import {
   createParticipants,
   type Participants,
   prepare,
+  restore,
   resume,
   retire,
 } from '../../src/coordination.js';
@@ -31,6 +32,7 @@ import {
   ATTR_PHASE,
   ATTR_PREPARED,
   ATTR_RECORDS,
+  ATTR_SOURCE_ID,
   ATTR_STAGE,
 } from '../../src/telemetry/checkpoint-spans.js';
 import { MemoryLogger, TestParticipant } from '../support/test-participant.js';
@@ -171,6 +173,33 @@ describe('checkpoint spans', () => {
         expect(hrMs(child.startTime)).toBeGreaterThanOrEqual(hrMs(span.startTime) - 1);
         expect(hrMs(child.endTime)).toBeLessThanOrEqual(hrMs(span.endTime) + 1);
       }
+    }
+  });
+
+  it('restore spans carry the source, records and bytes, with read and install as children', async () => {
+    const { participants } = await stack();
+    await prepare(participants, 'ck-5', deadline());
+    const dir = join(root, 'ck-5');
+    await commit(participants, 'ck-5', dir, [episodeId('ep-1', 0)], deadline());
+    await resume(participants, 'ck-5', deadline());
+    await restore(participants, 'rs-5', dir, [episodeId('ep-1', 0)], deadline());
+    await waitForSpans('gym.checkpoint.restore', 4);
+
+    const restores = childrenOf(one('gym.checkpoint.coordinate.restore'));
+    expect(names(restores)).toEqual(Array(4).fill('gym.checkpoint.restore'));
+    for (const span of restores) {
+      expect(span.attributes).toMatchObject({
+        [ATTR_CHECKPOINT_ID]: 'rs-5',
+        [ATTR_SOURCE_ID]: 'ck-5',
+        [ATTR_RECORDS]: 1,
+        [ATTR_PHASE]: 'restored',
+      });
+      expect(span.attributes[ATTR_BYTES]).toBeGreaterThan(0);
+      expect(names(childrenOf(span))).toEqual([
+        'gym.checkpoint.close_admission',
+        'gym.checkpoint.install',
+        'gym.checkpoint.read',
+      ]);
     }
   });
 
