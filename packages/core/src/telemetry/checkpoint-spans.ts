@@ -79,14 +79,14 @@ export function inOperationSpan<T>(
 
 /**
  * The stages of an operation that just ended, as children of `span`: the plane timed them back to
- * back from the operation's start (`event.ms` before `endedAt`), so their times are laid out from
- * there. Times are `performance.now()` readings, which the SDK maps onto its own clock.
+ * back from the operation's start, so they are laid out from there, none past `endedAt`. Times are
+ * `performance.now()` readings, which the SDK maps onto its own clock.
  */
 function addStageSpans(span: Span, event: OperationEvent, endedAt: number): void {
   const tracer = gymTracer();
   if (tracer === undefined) return;
   const parent = trace.setSpan(context.active(), span);
-  let at = endedAt - event.ms;
+  let at = event.started_at;
   for (const stage of event.stages) {
     const child = tracer.startSpan(
       stageSpanName(stage.name),
