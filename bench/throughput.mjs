@@ -173,6 +173,8 @@ async function measure(clients, stack, round) {
     ...process.env,
     ...(flags['no-hops'] ? {} : ACCESS_LOG_ENV),
     ...(profiles ? cpuProfileEnv(profiles) : {}),
+    // Off means off, whatever OTEL_* the shell has.
+    ...(stack.telemetry === false ? { OTEL_SDK_DISABLED: 'true' } : {}),
     ...(stack.telemetry ? { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: sink.url } : {}),
   };
   const spansBefore = sink?.spans() ?? 0;

@@ -94,8 +94,6 @@ export function tracingPlan(
 /** The running tracing of this process. */
 export interface Tracing {
   readonly serviceName: string;
-  /** Exports every span ended so far. */
-  flush(): Promise<void>;
   /** Exports what is left and turns tracing off again (the API back to its no-op tracer). */
   shutdown(): Promise<void>;
 }
@@ -131,7 +129,6 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
   provider.register();
   const tracing: Tracing = {
     serviceName: plan.serviceName,
-    flush: () => provider.forceFlush(),
     async shutdown() {
       if (running?.tracing !== tracing) return;
       running = undefined;
@@ -167,7 +164,7 @@ export async function stopTracing(): Promise<void> {
 }
 
 /** Marks `span` failed with `err`'s message (and the exception as an event). */
-export function failSpan(span: Span, err: unknown): void {
+function failSpan(span: Span, err: unknown): void {
   span.recordException(err instanceof Error ? err : String(err));
   span.setStatus({
     code: SpanStatusCode.ERROR,
