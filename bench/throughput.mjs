@@ -14,6 +14,8 @@
 // drifts), and reports each stack's median round by rollouts per second.
 // The access-timing lines cost the servers a little (winston's JSON line per request); --no-hops
 // leaves them off (no hop table) to see how much.
+// --telemetry compares tracing off and on instead (checkpointing and capture on in both): with it
+// on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %).
 // --profile runs every server under V8's CPU profiler over the timed rollouts (.cpuprofile files as
 // --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
 // by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.
@@ -35,6 +37,7 @@ import {
   outsideCalls,
   stackAccessLines,
 } from './lib/hops.mjs';
+import { otlpSink } from './lib/otlp-sink.mjs';
 import { percentiles } from './lib/percentile.mjs';
 import { cpuProfileEnv, serverProfiles, toggleProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
@@ -48,6 +51,7 @@ const { values: flags } = parseArgs({
     out: { type: 'string' },
     profile: { type: 'boolean', default: false },
     'no-hops': { type: 'boolean', default: false },
+    telemetry: { type: 'boolean', default: false },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -64,12 +68,19 @@ const OUT = resolve(flags.out ?? join(repo, 'bench/results/throughput.json'));
 const PROFILE_DIR = join(dirname(OUT), 'throughput-profiles');
 const TOKEN = 'bench-throughput-token';
 
-const STACKS = [
-  { name: 'checkpoint off, capture off', checkpoint: false, capture: false },
-  { name: 'checkpoint on, capture off', checkpoint: true, capture: false },
-  { name: 'checkpoint off, capture on', checkpoint: false, capture: true },
-  { name: 'checkpoint on, capture on', checkpoint: true, capture: true },
-];
+const STACKS = flags.telemetry
+  ? [
+      { name: 'telemetry off', checkpoint: true, capture: true, telemetry: false },
+      { name: 'telemetry on', checkpoint: true, capture: true, telemetry: true },
+    ]
+  : [
+      { name: 'checkpoint off, capture off', checkpoint: false, capture: false },
+      { name: 'checkpoint on, capture off', checkpoint: true, capture: false },
+      { name: 'checkpoint off, capture on', checkpoint: false, capture: true },
+      { name: 'checkpoint on, capture on', checkpoint: true, capture: true },
+    ];
+/** With --telemetry: where the servers of a stack with telemetry on send their spans. */
+const sink = flags.telemetry ? await otlpSink() : undefined;
 
 function stackYaml(inferencePort, { checkpoint, capture }) {
   const policyFlags = checkpoint
@@ -162,7 +173,11 @@ async function measure(clients, stack, round) {
     ...process.env,
     ...(flags['no-hops'] ? {} : ACCESS_LOG_ENV),
     ...(profiles ? cpuProfileEnv(profiles) : {}),
+    // Off means off, whatever OTEL_* the shell has.
+    ...(stack.telemetry === false ? { OTEL_SDK_DISABLED: 'true' } : {}),
+    ...(stack.telemetry ? { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: sink.url } : {}),
   };
+  const spansBefore = sink?.spans() ?? 0;
   const handle = await launchStack({ configPath: source, runDir, env });
   try {
     const envUrl = handle.servers.get('env').url;
@@ -184,6 +199,7 @@ async function measure(clients, stack, round) {
     const spent = difference(cpuBefore.total, cpuAfter.total);
     return {
       ...stack,
+      ...(sink ? { spans_per_rollout: (sink.spans() - spansBefore) / (ROLLOUTS + WARMUP) } : {}),
       rollouts_per_s: ROLLOUTS / seconds,
       seconds,
       latency_ms: percentiles([...latencies.values()]),
@@ -282,20 +298,19 @@ async function main() {
     const rates = sorted.map((r) => r.rollouts_per_s);
     return { ...sorted[Math.floor(sorted.length / 2)], rollouts_per_s_all_rounds: rates };
   });
-  const rate = (checkpoint, capture) =>
-    rows.find((r) => r.checkpoint === checkpoint && r.capture === capture).rollouts_per_s;
-  const ratios = {
-    checkpoint_on_over_off: rate(true, false) / rate(false, false),
-    checkpoint_on_over_off_with_capture: rate(true, true) / rate(false, true),
-    capture_on_over_off: rate(false, true) / rate(false, false),
-  };
+  const { ratios, targets } = flags.telemetry ? telemetryRatios(rows) : stackRatios(rows);
   printTable(rows);
   printHops(rows);
   printProfiles(rows);
   console.log('');
   for (const [name, value] of Object.entries(ratios))
     console.log(`${name.padEnd(40)}${value.toFixed(3)}`);
-  console.log('target: checkpoint_on_over_off ≥ 0.95 (gate overhead ≤ 5 %)');
+  for (const row of rows.filter((r) => r.spans_per_rollout !== undefined))
+    console.log(
+      `${row.name}: ${row.spans_per_rollout.toFixed(1)} spans per rollout sent to the sink`,
+    );
+  for (const [name, value] of Object.entries(targets))
+    console.log(`target: ${name} ≥ ${value} (overhead ≤ ${Math.round((1 - value) * 100)} %)`);
   const load = (l) => l.map((x) => x.toFixed(1)).join(' ');
   console.log(`load average (1/5/15 min): ${load(loadStart)} at start, ${load(loadavg())} at end`);
   writeResult(OUT, 'throughput', loadStart, {
@@ -306,12 +321,36 @@ async function main() {
       warmup: WARMUP,
       profile: flags.profile,
       hops: !flags['no-hops'],
+      telemetry: flags.telemetry,
     },
     rows,
     ratios,
-    targets: { checkpoint_on_over_off: 0.95 },
+    targets,
   });
   console.log(`wrote ${OUT}`);
+  await sink?.close();
+}
+
+/** The gate's and the capture's overheads, from the four stacks. */
+function stackRatios(rows) {
+  const rate = (checkpoint, capture) =>
+    rows.find((r) => r.checkpoint === checkpoint && r.capture === capture).rollouts_per_s;
+  const ratios = {
+    checkpoint_on_over_off: rate(true, false) / rate(false, false),
+    checkpoint_on_over_off_with_capture: rate(true, true) / rate(false, true),
+    capture_on_over_off: rate(false, true) / rate(false, false),
+  };
+  return { ratios, targets: { checkpoint_on_over_off: 0.95 } };
+}
+
+/** Tracing's overhead (--telemetry); a stack with telemetry on that sent no span fails the run. */
+function telemetryRatios(rows) {
+  const [off, on] = [false, true].map((t) => rows.find((r) => r.telemetry === t));
+  if (!(on.spans_per_rollout > 0)) throw new Error('telemetry on, but the sink received no span');
+  return {
+    ratios: { telemetry_on_over_off: on.rollouts_per_s / off.rollouts_per_s },
+    targets: { telemetry_on_over_off: 0.97 },
+  };
 }
 
 await main();

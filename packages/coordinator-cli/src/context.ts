@@ -74,7 +74,7 @@ export function resolveConfigPath(
 export type StatusReplies = Record<string, Record<string, unknown>>;
 
 /** Commands that only drive checkpoints, and so need checkpointing on. */
-const CHECKPOINT_COMMANDS: ReadonlySet<string> = new Set([
+export const CHECKPOINT_COMMANDS: ReadonlySet<string> = new Set([
   'status',
   'discover',
   'prepare',

@@ -2,7 +2,7 @@
  * @ckpt-gym/coordinator-cli: the `ckpt-gym` command. `runCli` runs one command line in-process
  * and resolves with its exit code; the bin (main.ts) is a thin wrapper around it.
  */
-import { CoordinationError } from '@ckpt-gym/core/client';
+import { CoordinationError, stopTracing } from '@ckpt-gym/core/client';
 import { CkptGymError } from '@ckpt-gym/core/protocol';
 
 import { type Invocation, parseCommandLine, PROGRAM } from './args.js';
@@ -10,6 +10,7 @@ import { HANDLERS } from './commands/index.js';
 import { CliFailure, type CliIo, CommandContext, describe } from './context.js';
 import { ExitCode } from './exit-codes.js';
 import { failureTable, jsonDocument } from './output.js';
+import { tracedCommand } from './tracing.js';
 import { packageVersion } from './version.js';
 
 export {
@@ -114,8 +115,10 @@ export async function runCli(argv: readonly string[], io: Partial<CliIo> = {}): 
 async function run(invocation: Invocation, io: CliIo): Promise<number> {
   let ctx: CommandContext | undefined;
   try {
-    ctx = new CommandContext(invocation, io);
-    const result = await HANDLERS[invocation.command](ctx);
+    const context = new CommandContext(invocation, io);
+    ctx = context;
+    const handler = HANDLERS[invocation.command];
+    const result = await tracedCommand(invocation, ctx.stack, io.env, () => handler(context));
     if (invocation.json)
       io.stdout.write(jsonDocument(invocation.command, result.exitCode, result.data));
     else io.stdout.write(`${result.text}\n`);
@@ -137,6 +140,7 @@ async function run(invocation: Invocation, io: CliIo): Promise<number> {
     return failure.exitCode;
   } finally {
     ctx?.close();
+    await stopTracing();
   }
 }
 

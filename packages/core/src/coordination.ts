@@ -29,6 +29,7 @@ import {
 } from './participant.js';
 import { serverUrl, type StackSettings } from './settings.js';
 import { MANIFEST_FILE, participantDir, readParticipantState } from './store.js';
+import { ATTR_PREPARED, inCoordinateSpan, inStageSpan } from './telemetry/checkpoint-spans.js';
 
 export const CHECKPOINT_ROUTE_PREFIX = '/ng-control/v1/checkpoint';
 /** Added to a call's remaining deadline: the participant bounds its work, this covers the reply. */
@@ -191,8 +192,9 @@ async function inStages(
   const replies: Replies = {};
   for (const kinds of stages) {
     const members = membersOfKinds(participants, kinds);
-    if (members.length > 0)
-      Object.assign(replies, await fanOut(participants, members, route, body, deadlineTs));
+    if (members.length === 0) continue;
+    const stage = () => fanOut(participants, members, route, body, deadlineTs);
+    Object.assign(replies, await inStageSpan(route, kinds, members.length, stage));
   }
   return replies;
 }
@@ -338,7 +340,20 @@ export class PrepareResult {
  * `prepared` (later stages are never contacted). Each later stage is sent, as `restarts`, the
  * restarts earlier stages reported, so it neither waits for nor exports them.
  */
-export async function prepare(
+export function prepare(
+  participants: Participants,
+  checkpointId: string,
+  deadlineTs: number,
+): Promise<PrepareResult> {
+  const count = participants.members.length;
+  return inCoordinateSpan('prepare', checkpointId, count, async (span) => {
+    const result = await prepareInOrder(participants, checkpointId, deadlineTs);
+    span?.setAttribute(ATTR_PREPARED, result.prepared);
+    return result;
+  });
+}
+
+async function prepareInOrder(
   participants: Participants,
   checkpointId: string,
   deadlineTs: number,
@@ -353,7 +368,12 @@ export async function prepare(
       deadline_ts: deadlineTs,
       ...(carried.size > 0 ? { restarts: [...carried].sort() } : {}),
     });
-    const stage = await fanOut(participants, members, 'prepare', body, deadlineTs);
+    const stage = await inStageSpan('prepare', [kind], members.length, async (span) => {
+      const stageReplies = await fanOut(participants, members, 'prepare', body, deadlineTs);
+      const prepared = Object.values(stageReplies).every((reply) => reply.phase === 'prepared');
+      span?.setAttribute(ATTR_PREPARED, prepared);
+      return stageReplies;
+    });
     Object.assign(replies, stage);
     if (Object.values(stage).some((reply) => reply.phase !== 'prepared')) {
       return new PrepareResult(false, replies);
@@ -387,7 +407,9 @@ export function commit(
     episode_ids: episodeIds.map(episodeIdToJson),
     ...(options.stop ? { stop: true } : {}),
   });
-  return fanOut(participants, participants.members, 'commit', body, deadlineTs);
+  return inCoordinateSpan('commit', checkpointId, participants.members.length, () =>
+    fanOut(participants, participants.members, 'commit', body, deadlineTs),
+  );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,13 +593,26 @@ export async function checkRestore(
  * (one that refused installed nothing and raised no marks) and always resumes everyone (both
  * logged, never raised), then raises the restore's own error.
  */
-export async function restore(
+export function restore(
   participants: Participants,
   checkpointId: string,
   checkpointDir: string,
   episodeIds: readonly EpisodeId[],
   deadlineTs: number,
   options: { expected?: ExpectedCheckpoint } = {},
+): Promise<Replies> {
+  return inCoordinateSpan('restore', checkpointId, participants.members.length, () =>
+    restoreAll(participants, checkpointId, checkpointDir, episodeIds, deadlineTs, options),
+  );
+}
+
+async function restoreAll(
+  participants: Participants,
+  checkpointId: string,
+  checkpointDir: string,
+  episodeIds: readonly EpisodeId[],
+  deadlineTs: number,
+  options: { expected?: ExpectedCheckpoint },
 ): Promise<Replies> {
   // Bounded like the restore itself: a stalled read of the directory (a hung mount) gives up.
   await withinDeadline(checkRestore(participants, checkpointDir, episodeIds, options), deadlineTs);
@@ -635,7 +670,17 @@ async function cleanUpFailedRestore(
  * Resumes in reverse prepare order. A failing stage does not stop later ones; every failure is
  * raised together at the end (an unreachable participant resumes itself when its lease expires).
  */
-export async function resume(
+export function resume(
+  participants: Participants,
+  checkpointId: string,
+  deadlineTs: number,
+): Promise<Replies> {
+  return inCoordinateSpan('resume', checkpointId, participants.members.length, () =>
+    resumeInReverse(participants, checkpointId, deadlineTs),
+  );
+}
+
+async function resumeInReverse(
   participants: Participants,
   checkpointId: string,
   deadlineTs: number,
@@ -646,8 +691,9 @@ export async function resume(
   for (const kind of [...PREPARE_ORDER].reverse()) {
     const members = membersOfKinds(participants, [kind]);
     if (members.length === 0) continue;
+    const stage = () => fanOut(participants, members, 'resume', body, deadlineTs);
     try {
-      Object.assign(replies, await fanOut(participants, members, 'resume', body, deadlineTs));
+      Object.assign(replies, await inStageSpan('resume', [kind], members.length, stage));
     } catch (err) {
       if (!(err instanceof CoordinationError)) throw err;
       Object.assign(failures, err.failures);
@@ -664,7 +710,9 @@ export function renew(
   deadlineTs: number,
 ): Promise<Replies> {
   const body = encodeBody({ checkpoint_id: checkpointId, deadline_ts: deadlineTs });
-  return fanOut(participants, participants.members, 'renew', body, deadlineTs);
+  return inCoordinateSpan('renew', checkpointId, participants.members.length, () =>
+    fanOut(participants, participants.members, 'renew', body, deadlineTs),
+  );
 }
 
 /**
@@ -683,7 +731,9 @@ export async function retire(
     deadline_ts: deadlineTs,
     episode_ids: episodeIds.map(episodeIdToJson),
   });
-  return inStages(participants, RETIRE_ORDER, 'retire', body, deadlineTs);
+  return inCoordinateSpan('retire', checkpointId, participants.members.length, () =>
+    inStages(participants, RETIRE_ORDER, 'retire', body, deadlineTs),
+  );
 }
 
 /**
@@ -703,5 +753,7 @@ export async function forget(
     deadline_ts: deadlineTs,
     rollout_ids: unique,
   });
-  return inStages(participants, RETIRE_ORDER, 'forget', body, deadlineTs);
+  return inCoordinateSpan('forget', checkpointId, participants.members.length, () =>
+    inStages(participants, RETIRE_ORDER, 'forget', body, deadlineTs),
+  );
 }

@@ -9,6 +9,7 @@ import { Agent } from 'node:http';
 import got, { type BeforeRequestHook, type Got, HTTPError, RequestError, type Response } from 'got';
 
 import { ConfigError, type ErrorCode, isErrorCode, UpstreamError } from './errors.js';
+import { injectTraceContext } from './telemetry/tracing.js';
 import {
   DEFAULT_CONTROL_CONNECTION_LIMIT,
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
@@ -67,11 +68,14 @@ const passRequestId: BeforeRequestHook = (options) => {
   for (const [name, value] of Object.entries(requestIdHeaders())) options.headers[name] ??= value;
 };
 
+/** Every call carries the caller's trace context (`traceparent`), when tracing is on. */
+const propagateTraceContext: BeforeRequestHook = (options) => injectTraceContext(options.headers);
+
 /** Builds the data and control clients; a negative or fractional limit is a `ConfigError`. */
 export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
   const dataAgent = keepAliveAgent('data', limits.data ?? DEFAULT_DATA_POOL);
   const controlAgent = keepAliveAgent('control', limits.control ?? DEFAULT_CONTROL_POOL);
-  const hooks = { beforeRequest: [passRequestId] };
+  const hooks = { beforeRequest: [passRequestId, propagateTraceContext] };
   return {
     data: got.extend({ agent: { http: dataAgent }, hooks }),
     control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 }, hooks }),

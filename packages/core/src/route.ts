@@ -11,6 +11,7 @@ import { InvalidRequestError, RolloutIdRequiredError } from './errors.js';
 import { jsonBody, requestSignal } from './express.js';
 import { type EpisodeId, requestEpisode } from './identity.js';
 import type { JsonObject } from './json.js';
+import { traceRequest } from './telemetry/request-spans.js';
 
 /**
  * What a route does with the `/ng-rollout/<key>` prefix (the app strips it before routing):
@@ -132,7 +133,11 @@ export function gymRoute<B = undefined, A = undefined, R = unknown>(
       next(err);
     }
   };
-  const handlers = [...(route.body ? [jsonBody(route.body.limit)] : []), handle];
+  const handlers = [
+    traceRequest(route.path),
+    ...(route.body ? [jsonBody(route.body.limit)] : []),
+    handle,
+  ];
   return { method: route.method, path: route.path, handlers };
 }
 

@@ -10,6 +10,7 @@ import type { Express } from 'express';
 import { CkptGymError, ConfigError } from './errors.js';
 import type { Logger } from './logging.js';
 import { listen, type ListeningServer } from './server.js';
+import { startTracingFor, stopTracing } from './telemetry/tracing.js';
 import {
   type KindConfigSchema,
   type KindConfigSchemas,
@@ -129,6 +130,7 @@ export async function startServerMain(
     throw new ConfigError(`--port must be an integer, got ${values.port}`);
   }
   const stack = loadStackFile(values.config, process.env, kindSchemas([kind]));
+  startTracingFor({ service: values.server, instance: values.server }, stack.telemetry);
   const server = await kind.fromStack(stack, values.server, {
     ...(values.port === undefined ? {} : { port: Number(values.port) }),
   });
@@ -154,10 +156,14 @@ export function runServerProcess(
       const stop = (): void => {
         if (stopping) return;
         stopping = true;
-        server.close().then(
-          () => process.exit(0),
-          (err: unknown) => fail(`close failed: ${String(err)}`, 1),
-        );
+        // Spans still batched are exported before the process goes.
+        server
+          .close()
+          .then(stopTracing)
+          .then(
+            () => process.exit(0),
+            (err: unknown) => fail(`close failed: ${String(err)}`, 1),
+          );
       };
       process.on('SIGTERM', stop);
       process.on('SIGINT', stop);

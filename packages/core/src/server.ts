@@ -35,6 +35,7 @@ import { createLogger, type Logger } from './logging.js';
 import type { Participant } from './participant.js';
 import type { CheckpointSettings, ServerKind } from './settings.js';
 import type { CheckpointRecord } from './store.js';
+import { tracingObserver } from './telemetry/checkpoint-spans.js';
 import { requestTelemetry } from './telemetry/http.js';
 import { GymMetrics, METRICS_PATH, metricsHandler, metricsObserver } from './telemetry/metrics.js';
 
@@ -115,7 +116,7 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
     metrics.watchParticipant(options.participant);
     plane = new ControlPlane(options.participant, {
       ...options.plane,
-      observers: [metricsObserver(metrics), ...(options.plane?.observers ?? [])],
+      observers: [metricsObserver(metrics), ...(options.plane?.observers ?? []), tracingObserver()],
       leaseGraceSeconds: options.checkpoint.leaseGraceSeconds,
       signingKey: options.checkpoint.signingKey,
       fileMode: options.checkpoint.fileMode,

@@ -74,6 +74,14 @@ export interface HttpSettings {
   readonly dataConnectionLimitPerHost: number | undefined;
 }
 
+/** The `telemetry:` block: where this stack's spans go (the `OTEL_*` variables override it). */
+export interface TelemetrySettings {
+  /** `service.name` of every process of the stack; absent: each server's own name. */
+  readonly serviceName?: string;
+  /** The OTLP/HTTP traces URL (as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); absent: tracing off. */
+  readonly tracesEndpoint?: string;
+}
+
 export interface ServerSettings {
   /** The key in `servers:`; also the server's checkpoint instance. */
   readonly name: string;
@@ -96,6 +104,7 @@ export interface StackSettings {
   readonly checkpointBlock: CheckpointBlock;
   readonly tokenCapture: TokenCaptureSettings;
   readonly http: HttpSettings;
+  readonly telemetry: TelemetrySettings;
   /** In file order. */
   readonly servers: ReadonlyMap<string, ServerSettings>;
 }
@@ -210,6 +219,19 @@ const STACK_SCHEMA = {
         data_connection_limit_per_host: connectionLimit,
       },
     },
+    telemetry: {
+      type: 'object',
+      additionalProperties: false,
+      default: {},
+      properties: {
+        service_name: { type: 'string', minLength: 1 },
+        traces: {
+          type: 'object',
+          additionalProperties: false,
+          properties: { endpoint: { type: 'string', pattern: '^https?://' } },
+        },
+      },
+    },
     servers: {
       type: 'object',
       minProperties: 1,
@@ -252,6 +274,7 @@ interface RawStack {
     data_connection_limit?: number;
     data_connection_limit_per_host?: number;
   };
+  telemetry: { service_name?: string; traces?: { endpoint?: string } };
   servers: Record<string, RawServer>;
 }
 
@@ -733,6 +756,15 @@ function buildSettings(raw: RawStack, source: string, baseDir: string): StackSet
       dataConnectionLimit: raw.http.data_connection_limit,
       dataConnectionLimitPerHost: raw.http.data_connection_limit_per_host,
     },
+    telemetry: telemetrySettings(raw.telemetry),
     servers,
+  };
+}
+
+function telemetrySettings(block: RawStack['telemetry']): TelemetrySettings {
+  const endpoint = block.traces?.endpoint;
+  return {
+    ...(block.service_name === undefined ? {} : { serviceName: block.service_name }),
+    ...(endpoint === undefined ? {} : { tracesEndpoint: endpoint }),
   };
 }

@@ -363,7 +363,7 @@ describe('servers', () => {
       `${SOURCE}: servers: is required`,
     );
     expect(refusal(stack({ top: 'checkpiont: { enabled: true }' })).message).toContain(
-      `${SOURCE}: checkpiont: unknown key (allowed: checkpoint, token_capture, http, servers)`,
+      `${SOURCE}: checkpiont: unknown key (allowed: checkpoint, token_capture, http, telemetry, servers)`,
     );
     expect(() => parse(stack({ top: 'x-defaults: { anything: 1 }' }))).not.toThrow();
   });

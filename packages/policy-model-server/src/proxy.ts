@@ -10,7 +10,7 @@ import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 
 import { conversationDigest } from '@ckpt-gym/core/capture';
-import { requestIdHeaders } from '@ckpt-gym/core/client';
+import { requestIdHeaders, withTraceContext } from '@ckpt-gym/core/client';
 import {
   CkptGymError,
   InternalError,
@@ -93,12 +93,13 @@ export class BackendClient {
     return new Promise((resolve, reject) => {
       const req = (secure ? httpsRequest : httpRequest)(target, {
         method: init.method,
-        // The request's id travels on to the backend (issue 21's request ids).
-        headers: {
+        // The request's id travels on to the backend (issue 21's request ids), and a real
+        // backend (vLLM) joins the rollout's trace too.
+        headers: withTraceContext({
           ...requestIdHeaders(),
           ...init.headers,
           ...(init.body === undefined ? {} : { 'content-length': Buffer.byteLength(init.body) }),
-        },
+        }),
         agent: secure ? this.#https : this.#http,
         signal: init.signal,
       });

@@ -46,3 +46,18 @@ export {
   withoutSecrets,
 } from '../http-client.js';
 export { REQUEST_ID_HEADER, requestIdHeaders } from '../telemetry/request-id.js';
+export {
+  ATTR_SERVICE_INSTANCE_ID,
+  DEFAULT_TRACES_ENDPOINT,
+  inSpan,
+  startTracing,
+  startTracingFor,
+  type StartTracingOptions,
+  stopTracing,
+  type Tracing,
+  tracingOn,
+  tracingPlan,
+  type TracingPlan,
+  TRACER_NAME,
+  withTraceContext,
+} from '../telemetry/tracing.js';

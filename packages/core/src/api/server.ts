@@ -136,6 +136,7 @@ export {
   type ServerSettings,
   serverUrl,
   type StackSettings,
+  type TelemetrySettings,
   type TokenCaptureSettings,
 } from '../settings.js';
 export {
@@ -176,3 +177,22 @@ export {
   type GymMetricsOptions,
   METRICS_PATH,
 } from '../telemetry/metrics.js';
+export {
+  ATTR_BYTES,
+  ATTR_CHECKPOINT_ID,
+  ATTR_CPU_MS,
+  ATTR_INSTANCE,
+  ATTR_KIND,
+  ATTR_OUTCOME,
+  ATTR_PARTICIPANTS,
+  ATTR_PHASE,
+  ATTR_PREPARED,
+  ATTR_RECORDS,
+  ATTR_SOURCE_ID,
+  ATTR_STAGE,
+  coordinateSpanName,
+  operationSpanName,
+  stageSpanName,
+  tracingObserver,
+} from '../telemetry/checkpoint-spans.js';
+export { ATTR_CAPTURE_KEY } from '../telemetry/request-spans.js';

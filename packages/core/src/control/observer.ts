@@ -53,6 +53,8 @@ export interface OperationEvent {
   readonly phase: Phase;
   /** The stages that ended, in order; a failed operation lists those before the failure. */
   readonly stages: readonly StageTiming[];
+  /** `performance.now()` when the operation started, unrounded (its stages run back to back from it). */
+  readonly started_at: number;
   /** Wall time and process CPU of the whole operation, ms. */
   readonly ms: number;
   readonly cpu_ms: number;
@@ -285,6 +287,7 @@ export class OperationWatch {
       outcome,
       phase: this.#phase(),
       stages: [...this.#stages],
+      started_at: this.#startedAt,
       ms: elapsedMs(this.#startedAt, performance.now()),
       cpu_ms: cpuMs(this.#cpuAtStart, process.cpuUsage()),
       ...counts,

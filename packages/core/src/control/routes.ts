@@ -12,6 +12,7 @@ import { CHECKPOINT_ROUTE_PREFIX } from '../coordination.js';
 import { ConfigError, UnauthorizedError } from '../errors.js';
 import { errorMiddleware, jsonBody, requestSignal } from '../express.js';
 import type { Logger } from '../logging.js';
+import { inOperationSpan } from '../telemetry/checkpoint-spans.js';
 import type { CheckpointRecord } from '../store.js';
 import type { ControlPlane } from './plane.js';
 import {
@@ -115,7 +116,9 @@ export function controlRouter<R extends CheckpointRecord>(
     router.post(`/${route}`, json, async (req, res) => {
       // Looked up per request (not captured) so the one validation is observable.
       const body = CONTROL_VALIDATORS[route](req.body);
-      res.json(await dispatch(plane, route, body, requestSignal(req, res)));
+      const run = () => dispatch(plane, route, body, requestSignal(req, res));
+      const { checkpoint_id } = body;
+      res.json(await inOperationSpan(route, plane.participant, checkpoint_id, req.headers, run));
     });
   }
   router.use(errorMiddleware(options.logger));

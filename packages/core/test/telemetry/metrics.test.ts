@@ -229,6 +229,7 @@ describe('checkpoint operations', () => {
     metricsObserver(metrics).onOperation?.({
       operation: 'commit',
       checkpoint_id: 'c1',
+      started_at: 0,
       outcome: 'export_failed',
       phase: 'preparing',
       stages: [{ name: 'export', ms: 12, cpu_ms: 3 }],

@@ -1,0 +1,221 @@
+/**
+ * One checkpoint is one trace across every process: a native stack of real server processes and
+ * the `ckpt-gym checkpoint` CLI export over OTLP/HTTP (JSON, the standard `OTEL_*` variables) to a
+ * receiver this test runs; with two rollouts in flight, the trace holds the CLI's command span,
+ * the controller's operations and prepare stages, and every participant's operation under the
+ * stage or operation that called it. A rollout's calls from environment to agent, policy and
+ * resources are one trace too. Spans arrive in batches: the test polls the receiver.
+ */
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { join } from 'node:path';
+
+import { CLI_MAIN } from '@ckpt-gym/coordinator-cli';
+import { until } from '@ckpt-gym/testing';
+
+import { closeAll, Deployment, scenario } from './support/deployment.js';
+import { weatherEpisode } from './support/stacks.js';
+
+afterEach(closeAll);
+
+type OtlpValue = { stringValue?: string; intValue?: string | number; boolValue?: boolean };
+interface OtlpSpan {
+  traceId: string;
+  spanId: string;
+  parentSpanId?: string;
+  name: string;
+  attributes?: { key: string; value: OtlpValue }[];
+}
+interface OtlpExport {
+  resourceSpans?: {
+    resource?: { attributes?: { key: string; value: OtlpValue }[] };
+    scopeSpans?: { spans?: OtlpSpan[] }[];
+  }[];
+}
+
+/** A span as received, with the service that sent it and its attributes flattened. */
+interface Received {
+  readonly service: string;
+  readonly traceId: string;
+  readonly spanId: string;
+  readonly parentSpanId: string | undefined;
+  readonly name: string;
+  readonly attributes: Record<string, string | number | boolean | undefined>;
+}
+
+function flatten(attributes: { key: string; value: OtlpValue }[] = []) {
+  return Object.fromEntries(
+    attributes.map(({ key, value }) => [
+      key,
+      value.stringValue ??
+        (value.intValue === undefined ? value.boolValue : Number(value.intValue)),
+    ]),
+  );
+}
+
+/** A small OTLP/HTTP JSON receiver: every span posted to /v1/traces, in arrival order. */
+async function otlpReceiver(): Promise<{ url: string; spans: Received[]; server: Server }> {
+  const spans: Received[] = [];
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      if (req.url === '/v1/traces') {
+        const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as OtlpExport;
+        for (const resourceSpans of body.resourceSpans ?? []) {
+          const service = String(flatten(resourceSpans.resource?.attributes)['service.name']);
+          for (const span of (resourceSpans.scopeSpans ?? []).flatMap((s) => s.spans ?? [])) {
+            spans.push({
+              service,
+              traceId: span.traceId,
+              spanId: span.spanId,
+              parentSpanId: span.parentSpanId || undefined,
+              name: span.name,
+              attributes: flatten(span.attributes),
+            });
+          }
+        }
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
+  server.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  const { port } = server.address() as AddressInfo;
+  return { url: `http://127.0.0.1:${port}/v1/traces`, spans, server };
+}
+
+/**
+ * `ckpt-gym checkpoint` against the deployment, with this test's environment: jest gives a test
+ * its own `process.env`, which a child inherits only when it is passed (as the launcher does).
+ */
+async function checkpointCli(dep: Deployment, args: readonly string[]): Promise<number | null> {
+  const child = spawn(
+    process.execPath,
+    [CLI_MAIN, 'checkpoint', ...args, '--config', dep.handle.configPath],
+    { cwd: dep.runDir, env: process.env, stdio: ['ignore', 'inherit', 'inherit'] },
+  );
+  const [code] = (await once(child, 'exit')) as [number | null];
+  return code;
+}
+
+const TRACE_ENV = ['OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', 'OTEL_BSP_SCHEDULE_DELAY'] as const;
+
+/** The participants of the native stack, by kind. */
+const PARTICIPANTS = {
+  environment: ['env'],
+  model: ['policy'],
+  agent: ['simple_agent'],
+  resources: ['weather'],
+} as const;
+const ALL = Object.values(PARTICIPANTS).flat();
+
+scenario(
+  'one checkpoint with rollouts in flight is one trace across the CLI and every participant',
+  async () => {
+    const receiver = await otlpReceiver();
+    const saved = TRACE_ENV.map((name) => process.env[name]);
+    // Every process the deployment and its CLI start reads these.
+    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = receiver.url;
+    process.env.OTEL_BSP_SCHEDULE_DELAY = '100';
+    try {
+      const dep = await Deployment.start('native', { tokenCapture: true });
+      await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+      const rollouts = ['tr-1', 'tr-2'].map((id) => dep.post('env', '/run', weatherEpisode(id)));
+      await dep.waitForCalls(4);
+
+      const dir = join(dep.runDir, 'checkpoints', 'traced-1');
+      expect(await checkpointCli(dep, ['--id', 'traced-1', '--dir', dir])).toBe(0);
+      await dep.backend('/_ctl/release', {});
+      for (const rollout of rollouts) expect((await rollout.reply).status).toBe(200);
+
+      const spans = receiver.spans;
+      const find = (pred: (s: Received) => boolean) => spans.filter(pred);
+      const byId = (id: string | undefined) => spans.find((s) => s.spanId === id);
+      await until(
+        () =>
+          find((s) => s.name === 'ckpt-gym checkpoint').length === 1 &&
+          find((s) => s.name === 'gym.checkpoint.resume').length === ALL.length &&
+          find((s) => s.name === 'POST /run' && s.service === 'env').length === 2,
+        'the CLI’s span, every participant’s resume span and both /run spans',
+        60_000,
+      );
+
+      // The CLI's command is the root; everything of the checkpoint is in its trace.
+      const [root, ...otherRoots] = find((s) => s.name === 'ckpt-gym checkpoint');
+      expect(otherRoots).toEqual([]);
+      expect(root!.service).toBe('ckpt-gym');
+      expect(root!.parentSpanId).toBeUndefined();
+      const inTrace = find((s) => s.traceId === root!.traceId);
+      const under = (parent: Received, name: string) =>
+        inTrace.filter((s) => s.parentSpanId === parent.spanId && s.name === name);
+
+      const [coordinatePrepare] = under(root!, 'gym.checkpoint.coordinate.prepare');
+      expect(coordinatePrepare?.attributes['nemo.gym.checkpoint.id']).toBe('traced-1');
+      for (const [kind, servers] of Object.entries(PARTICIPANTS)) {
+        const [stage] = under(coordinatePrepare!, `gym.checkpoint.coordinate.prepare.${kind}`);
+        expect(stage).toBeDefined();
+        const prepares = under(stage!, 'gym.checkpoint.prepare');
+        expect(prepares.map((s) => s.service).sort()).toEqual([...servers].sort());
+        for (const span of prepares) {
+          expect(span.attributes).toMatchObject({
+            'nemo.gym.checkpoint.id': 'traced-1',
+            'nemo.gym.checkpoint.participant_kind': kind,
+            'nemo.gym.checkpoint.instance': span.service,
+          });
+          expect(under(span, 'gym.checkpoint.wait_ready')).toHaveLength(1);
+        }
+      }
+
+      const [coordinateCommit] = under(root!, 'gym.checkpoint.coordinate.commit');
+      const commits = under(coordinateCommit!, 'gym.checkpoint.commit');
+      expect(commits.map((s) => s.service).sort()).toEqual([...ALL].sort());
+      const envCommit = commits.find((s) => s.service === 'env')!;
+      expect(envCommit.attributes['nemo.gym.checkpoint.records']).toBe(2);
+      expect(Number(envCommit.attributes['nemo.gym.checkpoint.bytes'])).toBeGreaterThan(0);
+      for (const span of commits) {
+        expect(under(span, 'gym.checkpoint.export')).toHaveLength(1);
+        expect(under(span, 'gym.checkpoint.write')).toHaveLength(1);
+      }
+
+      const [coordinateResume] = under(root!, 'gym.checkpoint.coordinate.resume');
+      const resumes = inTrace.filter(
+        (s) =>
+          s.name === 'gym.checkpoint.resume' &&
+          byId(s.parentSpanId)?.parentSpanId === coordinateResume!.spanId,
+      );
+      expect(resumes.map((s) => s.service).sort()).toEqual([...ALL].sort());
+
+      // Each rollout is one trace: its /run on the environment, and under it the agent's, the
+      // policy's, the resources server's and the backend's spans; every parent arrives (their
+      // processes export on their own schedules, so it is polled for).
+      const runs = find((s) => s.name === 'POST /run' && s.service === 'env');
+      const rolloutOf = (run: Received) => find((s) => s.traceId === run.traceId);
+      await until(
+        () =>
+          runs.every((run) =>
+            rolloutOf(run).every((s) => s === run || byId(s.parentSpanId) !== undefined),
+          ),
+        'the parent of every span of each rollout',
+        60_000,
+      );
+      for (const run of runs) {
+        expect(run.parentSpanId).toBeUndefined();
+        const services = new Set(rolloutOf(run).map((s) => s.service));
+        expect(services).toEqual(
+          new Set(['env', 'simple_agent', 'policy', 'weather', 'inference']),
+        );
+        expect(run.traceId).not.toBe(root!.traceId);
+      }
+    } finally {
+      TRACE_ENV.forEach((name, i) => {
+        if (saved[i] === undefined) delete process.env[name];
+        else process.env[name] = saved[i];
+      });
+      receiver.server.close();
+    }
+  },
+  240_000,
+);

@@ -1,0 +1,222 @@
+/**
+ * Tracing through the OpenTelemetry API. Off unless the standard `OTEL_*` variables or the stack
+ * file's `telemetry:` block ask for it (`tracingPlan`, a pure rule); then one process-wide tracer
+ * provider exports over OTLP/HTTP (JSON) in batches. While it is off every helper here returns at
+ * its first line, and the API's own no-op tracer answers anything else: no span, no header.
+ */
+import {
+  context,
+  propagation,
+  type Span,
+  type SpanOptions,
+  SpanStatusCode,
+  trace,
+  type Tracer,
+} from '@opentelemetry/api';
+import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
+import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
+import {
+  BatchSpanProcessor,
+  SimpleSpanProcessor,
+  type SpanExporter,
+} from '@opentelemetry/sdk-trace-base';
+import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
+import { ATTR_SERVICE_NAME } from '@opentelemetry/semantic-conventions';
+
+import { ConfigError } from '../errors.js';
+import type { Env, TelemetrySettings } from '../settings.js';
+
+/** The instrumentation scope of every span ckpt-gym makes. */
+export const TRACER_NAME = 'ckpt-gym';
+/** Where an OTLP/HTTP collector listens when only `OTEL_TRACES_EXPORTER=otlp` is set (the spec's default). */
+export const DEFAULT_TRACES_ENDPOINT = 'http://localhost:4318/v1/traces';
+/** The resource attribute naming which server of the stack a process is. */
+export const ATTR_SERVICE_INSTANCE_ID = 'service.instance.id';
+
+/** What a process traces with, once tracing is on. */
+export interface TracingPlan {
+  /** The OTLP/HTTP traces URL spans are posted to. */
+  readonly endpoint: string;
+  readonly serviceName: string;
+}
+
+function isTrue(value: string | undefined): boolean {
+  return value?.trim().toLowerCase() === 'true';
+}
+
+function nonEmpty(value: string | undefined): string | undefined {
+  const trimmed = value?.trim();
+  return trimmed ? trimmed : undefined;
+}
+
+/** `OTEL_EXPORTER_OTLP_ENDPOINT` is a base URL: the spec appends the signal's path to it. */
+function tracesUrlOfBase(base: string): string {
+  return `${base.replace(/\/+$/, '')}/v1/traces`;
+}
+
+/**
+ * Whether and where this process traces, following the OTel spec's variables: `OTEL_SDK_DISABLED=true`
+ * wins, then `OTEL_TRACES_EXPORTER=none`; an endpoint (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as is,
+ * `OTEL_EXPORTER_OTLP_ENDPOINT` plus `/v1/traces`, else the stack file's `telemetry.traces.endpoint`)
+ * or `OTEL_TRACES_EXPORTER=otlp` turns it on. Unlike the spec's SDK default, nothing set means off:
+ * a gym server exports nowhere unless asked. `service.name`: `OTEL_SERVICE_NAME`, the file's
+ * `telemetry.service_name`, else `defaultServiceName`.
+ */
+export function tracingPlan(
+  env: Env,
+  telemetry: TelemetrySettings | undefined,
+  defaultServiceName: string,
+): TracingPlan | undefined {
+  if (isTrue(env.OTEL_SDK_DISABLED)) return undefined;
+  const exporters = (env.OTEL_TRACES_EXPORTER ?? '')
+    .split(',')
+    .map((name) => name.trim().toLowerCase())
+    .filter((name) => name !== '');
+  if (exporters.includes('none')) return undefined;
+  const unsupported = exporters.find((name) => name !== 'otlp');
+  if (unsupported !== undefined) {
+    throw new ConfigError(
+      `OTEL_TRACES_EXPORTER=${env.OTEL_TRACES_EXPORTER}: ckpt-gym exports traces only with otlp (or none)`,
+    );
+  }
+  const base = nonEmpty(env.OTEL_EXPORTER_OTLP_ENDPOINT);
+  const endpoint =
+    nonEmpty(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) ??
+    (base === undefined ? undefined : tracesUrlOfBase(base)) ??
+    telemetry?.tracesEndpoint;
+  if (endpoint === undefined && !exporters.includes('otlp')) return undefined;
+  return {
+    endpoint: endpoint ?? DEFAULT_TRACES_ENDPOINT,
+    serviceName: nonEmpty(env.OTEL_SERVICE_NAME) ?? telemetry?.serviceName ?? defaultServiceName,
+  };
+}
+
+/** The running tracing of this process. */
+export interface Tracing {
+  readonly serviceName: string;
+  /** Exports what is left and turns tracing off again (the API back to its no-op tracer). */
+  shutdown(): Promise<void>;
+}
+
+export interface StartTracingOptions {
+  /** `service.instance.id`: the server's name in the stack file, or the CLI's. */
+  readonly instance?: string;
+  /** Replaces the OTLP exporter, each span exported as it ends (tests: `InMemorySpanExporter`). */
+  readonly exporter?: SpanExporter;
+}
+
+let running: { tracing: Tracing; tracer: Tracer } | undefined;
+
+/** Whether this process traces: the one check every hot-path helper makes first. */
+export function tracingOn(): boolean {
+  return running !== undefined;
+}
+
+/**
+ * Registers the process's tracer provider (W3C `traceparent`/`tracestate` propagation, async
+ * context), or returns the one already running. Batches follow `OTEL_BSP_*`.
+ */
+export function startTracing(plan: TracingPlan, options: StartTracingOptions = {}): Tracing {
+  if (running !== undefined) return running.tracing;
+  const resource = resourceFromAttributes({
+    [ATTR_SERVICE_NAME]: plan.serviceName,
+    ...(options.instance === undefined ? {} : { [ATTR_SERVICE_INSTANCE_ID]: options.instance }),
+  }).merge(detectResources({ detectors: [envDetector] }));
+  const processor = options.exporter
+    ? new SimpleSpanProcessor(options.exporter)
+    : new BatchSpanProcessor(new OTLPTraceExporter({ url: plan.endpoint }));
+  const provider = new NodeTracerProvider({ resource, spanProcessors: [processor] });
+  provider.register();
+  const tracing: Tracing = {
+    serviceName: plan.serviceName,
+    async shutdown() {
+      if (running?.tracing !== tracing) return;
+      running = undefined;
+      try {
+        await provider.shutdown();
+      } finally {
+        trace.disable();
+        context.disable();
+        propagation.disable();
+      }
+    },
+  };
+  running = { tracing, tracer: trace.getTracer(TRACER_NAME) };
+  return tracing;
+}
+
+/**
+ * Starts tracing when `tracingPlan` says so (`service` names the process when nothing else does);
+ * undefined when it stays off.
+ */
+export function startTracingFor(
+  who: { readonly service: string; readonly instance: string },
+  telemetry: TelemetrySettings | undefined,
+  env: Env = process.env,
+): Tracing | undefined {
+  const plan = tracingPlan(env, telemetry, who.service);
+  return plan === undefined ? undefined : startTracing(plan, { instance: who.instance });
+}
+
+/** Exports what is left and ends this process's tracing, if any (before it exits). */
+export async function stopTracing(): Promise<void> {
+  await running?.tracing.shutdown();
+}
+
+/** Marks `span` failed with `err`'s message (and the exception as an event). */
+function failSpan(span: Span, err: unknown): void {
+  span.recordException(err instanceof Error ? err : String(err));
+  span.setStatus({
+    code: SpanStatusCode.ERROR,
+    message: err instanceof Error ? err.message : String(err),
+  });
+}
+
+/**
+ * Runs `work` in a span that is the active one meanwhile (its children, and the trace context of
+ * outgoing calls, hang under it), ended when the work settles; a throw marks it failed. While
+ * tracing is off it only runs `work`.
+ */
+export async function inSpan<T>(
+  name: string,
+  options: SpanOptions,
+  work: (span: Span | undefined) => Promise<T>,
+  parent = context.active(),
+): Promise<T> {
+  if (running === undefined) return work(undefined);
+  return running.tracer.startActiveSpan(name, options, parent, async (span) => {
+    try {
+      return await work(span);
+    } catch (err) {
+      failSpan(span, err);
+      throw err;
+    } finally {
+      span.end();
+    }
+  });
+}
+
+/** The tracer while tracing is on. */
+export function gymTracer(): Tracer | undefined {
+  return running?.tracer;
+}
+
+/**
+ * Writes the active trace context into outgoing `headers` (`traceparent`, `tracestate`): the got
+ * clients' `beforeRequest` hook, so every call a traced request makes joins its trace.
+ */
+export function injectTraceContext(headers: Record<string, unknown>): void {
+  if (running === undefined) return;
+  propagation.inject(context.active(), headers);
+}
+
+/**
+ * `headers` with the active trace context added, for a call made without core's got clients (a
+ * copy while tracing is on; the same object, untouched, while it is off).
+ */
+export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
+  if (running === undefined) return headers;
+  const traced = { ...headers };
+  propagation.inject(context.active(), traced);
+  return traced;
+}

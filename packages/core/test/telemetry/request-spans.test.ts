@@ -1,0 +1,127 @@
+/**
+ * Data-plane traces through real HTTP: a gym route's server span (route template, status, capture
+ * key), and the W3C trace context a route's upstream call carries on core's got clients, so one
+ * rollout's calls across servers are one trace.
+ */
+import { once } from 'node:events';
+import type { Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import { SpanKind } from '@opentelemetry/api';
+import express from 'express';
+
+import { createHttpClients, type HttpClients, postUpstream } from '../../src/http-client.js';
+import { captureKey, rolloutPrefixMiddleware } from '../../src/identity.js';
+import { gymRoute, type GymRoute, mountRoutes } from '../../src/route.js';
+import { ATTR_CAPTURE_KEY } from '../../src/telemetry/request-spans.js';
+import { inSpan } from '../../src/telemetry/tracing.js';
+import { named, one, parentOf, traceId, useInMemoryTracing, waitForSpans } from './spans.js';
+
+useInMemoryTracing();
+
+const servers: Server[] = [];
+let clients: HttpClients;
+
+beforeEach(() => {
+  clients = createHttpClients();
+});
+
+afterEach(() => {
+  clients.close();
+  for (const server of servers.splice(0)) {
+    server.closeAllConnections();
+    server.close();
+  }
+});
+
+async function serve(routes: GymRoute[]): Promise<string> {
+  const app = express();
+  app.use(rolloutPrefixMiddleware());
+  mountRoutes(app, routes);
+  const server = app.listen(0, '127.0.0.1');
+  servers.push(server);
+  await once(server, 'listening');
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+}
+
+/** A downstream server echoing the trace context it was sent. */
+function echoRoute(): GymRoute {
+  return gymRoute({
+    method: 'post',
+    path: '/v1/echo',
+    body: { limit: '1mb', parse: (body) => body },
+    episode: 'optional',
+    run: ({ req }) => ({ traceparent: req.headers.traceparent ?? null }),
+  });
+}
+
+/** An upstream route that reads its body, then calls `downstream` on the data client. */
+function relayRoute(downstream: string): GymRoute {
+  return gymRoute({
+    method: 'post',
+    path: '/run',
+    body: { limit: '1mb', parse: (body) => body },
+    episode: 'required',
+    run: async ({ episode, signal }) => {
+      const key = captureKey(episode!);
+      const reply = await postUpstream(clients.data, `${downstream}/ng-rollout/${key}/v1/echo`, {
+        json: {},
+        signal,
+      });
+      return JSON.parse(reply.body) as object;
+    },
+  });
+}
+
+describe('data-plane spans', () => {
+  it('a route’s span names its template, status and capture key', async () => {
+    const url = await serve([echoRoute()]);
+    const reply = await clients.data.post(`${url}/ng-rollout/r-1-a2/v1/echo`, { json: {} });
+    expect(reply.statusCode).toBe(200);
+    await waitForSpans('POST /v1/echo', 1);
+    const span = one('POST /v1/echo');
+    expect(span.kind).toBe(SpanKind.SERVER);
+    expect(span.attributes).toMatchObject({
+      'http.request.method': 'POST',
+      'http.route': '/v1/echo',
+      'http.response.status_code': 200,
+      [ATTR_CAPTURE_KEY]: 'r-1-a2',
+    });
+  });
+
+  it('a call a route makes upstream carries its trace context: the downstream span is its child', async () => {
+    const downstream = await serve([echoRoute()]);
+    const upstream = await serve([relayRoute(downstream)]);
+    const reply = await clients.data
+      .post(`${upstream}/ng-rollout/r-2/run`, { json: {} })
+      .json<{ traceparent: string | null }>();
+    await waitForSpans('POST /run', 1);
+    await waitForSpans('POST /v1/echo', 1);
+
+    const run = one('POST /run');
+    const echo = one('POST /v1/echo');
+    expect(parentOf(echo)).toBe(run);
+    expect(traceId(echo)).toBe(traceId(run));
+    expect(reply.traceparent).toBe(`00-${traceId(run)}-${run.spanContext().spanId}-01`);
+    expect(echo.attributes[ATTR_CAPTURE_KEY]).toBe('r-2');
+  });
+
+  it('a client’s own span is the parent of the first server’s span', async () => {
+    const url = await serve([echoRoute()]);
+    await inSpan('client', {}, () => clients.data.post(`${url}/v1/echo`, { json: {} }));
+    await waitForSpans('POST /v1/echo', 1);
+    expect(parentOf(one('POST /v1/echo'))).toBe(one('client'));
+  });
+
+  it('a failed route’s span says its status', async () => {
+    const url = await serve([echoRoute()]);
+    const reply = await clients.data.post(`${url}/v1/echo`, {
+      body: 'not json',
+      headers: { 'content-type': 'application/json' },
+      throwHttpErrors: false,
+    });
+    expect(reply.statusCode).toBe(422);
+    await waitForSpans('POST /v1/echo', 1);
+    expect(named('POST /v1/echo')[0]!.attributes['http.response.status_code']).toBe(422);
+  });
+});

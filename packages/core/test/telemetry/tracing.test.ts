@@ -1,0 +1,133 @@
+/**
+ * When a process traces (`tracingPlan`, the OTel spec's variables and the stack file's
+ * `telemetry:` block), and that with tracing off nothing is traced or sent.
+ */
+import { once } from 'node:events';
+import { createServer, type IncomingHttpHeaders } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import { trace } from '@opentelemetry/api';
+
+import { ConfigError } from '../../src/errors.js';
+import { createHttpClients } from '../../src/http-client.js';
+import { parseStackFile } from '../../src/settings.js';
+import {
+  DEFAULT_TRACES_ENDPOINT,
+  inSpan,
+  startTracingFor,
+  tracingOn,
+  tracingPlan,
+} from '../../src/telemetry/tracing.js';
+
+const FILE = { tracesEndpoint: 'http://collector:4318/v1/traces', serviceName: 'my-stack' };
+
+describe('tracingPlan', () => {
+  it('is off when nothing asks for it, even with a service name', () => {
+    expect(tracingPlan({}, undefined, 'env')).toBeUndefined();
+    expect(tracingPlan({ OTEL_SERVICE_NAME: 'x' }, {}, 'env')).toBeUndefined();
+    expect(tracingPlan({}, { serviceName: 'x' }, 'env')).toBeUndefined();
+  });
+
+  it('is on with the stack file’s endpoint, named by the file or else the server', () => {
+    expect(tracingPlan({}, FILE, 'env')).toEqual({
+      endpoint: FILE.tracesEndpoint,
+      serviceName: 'my-stack',
+    });
+    expect(tracingPlan({}, { tracesEndpoint: FILE.tracesEndpoint }, 'env')?.serviceName).toBe(
+      'env',
+    );
+  });
+
+  it('takes the signal endpoint as is and appends /v1/traces to the base one; both beat the file', () => {
+    const signal = 'http://a:4318/custom';
+    expect(tracingPlan({ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: signal }, FILE, 'env')?.endpoint).toBe(
+      signal,
+    );
+    expect(
+      tracingPlan({ OTEL_EXPORTER_OTLP_ENDPOINT: 'http://b:4318/' }, FILE, 'env')?.endpoint,
+    ).toBe('http://b:4318/v1/traces');
+    expect(
+      tracingPlan(
+        {
+          OTEL_EXPORTER_OTLP_ENDPOINT: 'http://b:4318',
+          OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: signal,
+        },
+        undefined,
+        'env',
+      )?.endpoint,
+    ).toBe(signal);
+  });
+
+  it('OTEL_TRACES_EXPORTER=otlp alone is on at the spec’s default endpoint', () => {
+    expect(tracingPlan({ OTEL_TRACES_EXPORTER: 'otlp' }, undefined, 'env')).toEqual({
+      endpoint: DEFAULT_TRACES_ENDPOINT,
+      serviceName: 'env',
+    });
+  });
+
+  it('OTEL_SERVICE_NAME names the service over the file', () => {
+    expect(tracingPlan({ OTEL_SERVICE_NAME: 'svc' }, FILE, 'env')?.serviceName).toBe('svc');
+  });
+
+  it('OTEL_SDK_DISABLED=true and OTEL_TRACES_EXPORTER=none win over every endpoint', () => {
+    const on = { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: 'http://a:4318/v1/traces' };
+    expect(tracingPlan({ ...on, OTEL_SDK_DISABLED: 'true' }, FILE, 'env')).toBeUndefined();
+    expect(tracingPlan({ ...on, OTEL_SDK_DISABLED: 'TRUE' }, FILE, 'env')).toBeUndefined();
+    expect(tracingPlan({ ...on, OTEL_TRACES_EXPORTER: 'none' }, FILE, 'env')).toBeUndefined();
+    expect(tracingPlan({ ...on, OTEL_SDK_DISABLED: 'false' }, FILE, 'env')).toBeDefined();
+  });
+
+  it('refuses an exporter it does not have', () => {
+    expect(() => tracingPlan({ OTEL_TRACES_EXPORTER: 'zipkin' }, FILE, 'env')).toThrow(ConfigError);
+  });
+});
+
+describe('the telemetry: block', () => {
+  const servers = 'servers:\n  m: { kind: model, app: policy, port: 1 }\n';
+
+  it('is read into the stack’s telemetry settings; absent, it is empty', () => {
+    const text = `telemetry:\n  service_name: gym\n  traces: { endpoint: "http://c:4318/v1/traces" }\n${servers}`;
+    expect(parseStackFile(text).telemetry).toEqual({
+      serviceName: 'gym',
+      tracesEndpoint: 'http://c:4318/v1/traces',
+    });
+    expect(parseStackFile(servers).telemetry).toEqual({});
+  });
+
+  it('refuses an unknown key with a suggestion, and an endpoint that is not an http URL', () => {
+    expect(() => parseStackFile(`telemetry:\n  trace: {}\n${servers}`)).toThrow(
+      /telemetry\.trace: unknown key \(allowed: service_name, traces\).*did you mean 'traces'/,
+    );
+    expect(() =>
+      parseStackFile(`telemetry:\n  traces: { endpoint: "collector:4318" }\n${servers}`),
+    ).toThrow(/telemetry\.traces\.endpoint/);
+  });
+});
+
+describe('tracing off', () => {
+  it('starts nothing, records nothing and sends no trace header', async () => {
+    expect(startTracingFor({ service: 's', instance: 's' }, {}, {})).toBeUndefined();
+    expect(tracingOn()).toBe(false);
+
+    const seen: IncomingHttpHeaders[] = [];
+    const server = createServer((req, res) => {
+      seen.push(req.headers);
+      res.end('{}');
+    }).listen(0, '127.0.0.1');
+    await once(server, 'listening');
+    const clients = createHttpClients();
+    try {
+      const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}/`;
+      await inSpan('nothing', {}, async (span) => {
+        expect(span).toBeUndefined();
+        expect(trace.getActiveSpan()).toBeUndefined();
+        await clients.data.post(url, { json: {} });
+      });
+    } finally {
+      clients.close();
+      server.close();
+    }
+    expect(seen).toHaveLength(1);
+    expect(seen[0]!.traceparent).toBeUndefined();
+  });
+});
