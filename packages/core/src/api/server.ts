@@ -191,6 +191,7 @@ export {
 } from '../workers/coordinator-server.js';
 export { encodeFrame, FrameError, FrameReader, MAX_FRAME_BYTES } from '../workers/frames.js';
 export { type MarksRelay, RelayedMarks } from '../workers/marks.js';
+export { replyTimeoutMs } from '../workers/rules.js';
 export {
   cleanStaleRuntimeDirs,
   createRuntimeDir,

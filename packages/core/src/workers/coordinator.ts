@@ -24,14 +24,13 @@ import {
   type JoinState,
   MESSAGE_TIMEOUT_MS,
   type NumberedReport,
-  REPLY_GRACE_MS,
   type WorkerAdmissionRequest,
   type WorkerInfo,
   type WorkerRegistration,
   type WorkerReport,
   type WorkerStatus,
 } from './types.js';
-import { readinessOf, reportKept } from './rules.js';
+import { readinessOf, replyTimeoutMs, reportKept } from './rules.js';
 
 export interface WorkerCoordinatorOptions {
   readonly kind: ParticipantKind;
@@ -73,6 +72,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
   #lostWhileClosed = false;
   #lostWorkers = 0;
   #departedWorkers = 0;
+  #readiness: PrepareReport | null = null;
 
   constructor(options: WorkerCoordinatorOptions) {
     super(options.kind, options.instance);
@@ -152,6 +152,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     };
     this.#workers.set(index, worker);
     this.logger.info(`${this.label} worker ${index} joined`, { worker: index, pid });
+    this.notifyChange();
     return {
       accepting: this.#accepting,
       generation: this.#generation,
@@ -263,7 +264,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     // A restore marked the attempts it replaces: every worker refuses them before it closes.
     await this.marks.relayed();
     const generation = this.#generation;
-    const timeoutMs = Math.max(0, request.deadlineTs * 1000 - Date.now()) + REPLY_GRACE_MS;
+    const timeoutMs = replyTimeoutMs(request.deadlineTs, Date.now());
     const replies = await this.broadcast(
       'close',
       { request: workerRequest(request) as unknown as JsonObject, generation },
@@ -295,15 +296,24 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     return this.readiness().ready;
   }
 
+  /** Merged once per change (`notifyChange`), since the plane asks after every one. */
   readiness(): PrepareReport {
+    if (this.#readiness) return this.#readiness;
     const reports = this.workers().flatMap((w) => (w.report ? [w.report] : []));
-    return readinessOf(this.merge(reports), {
+    this.#readiness = readinessOf(this.merge(reports), {
       label: this.label,
       expectedWorkers: this.expectedWorkers,
       reported: reports.length,
       connected: this.#workers.size,
       lostWhileClosed: this.#lostWhileClosed,
     });
+    return this.#readiness;
+  }
+
+  /** Every change of readiness goes through here: the merged report is made again. */
+  protected override notifyChange(): void {
+    this.#readiness = null;
+    super.notifyChange();
   }
 
   /** Every worker refuses the attempt (marks relayed) before any of them stops its calls. */

@@ -1,5 +1,6 @@
 /** The coordinator's rules, as small pure functions. */
 import { MAX_REPORTED_BLOCKERS, type PrepareReport } from '../participant.js';
+import { REPLY_GRACE_MS } from './types.js';
 
 /**
  * A report is kept only while admission is closed, only for the current generation (a report
@@ -40,4 +41,9 @@ export function readinessOf(merged: PrepareReport, workers: WorkersState): Prepa
     counts: { ...merged.counts, workers: workers.connected },
     restarts: merged.restarts,
   };
+}
+
+/** How long to wait for a reply to work bounded by `deadlineTs` (seconds): to it, plus a grace. */
+export function replyTimeoutMs(deadlineTs: number, nowMs: number): number {
+  return Math.max(0, deadlineTs * 1000 - nowMs) + REPLY_GRACE_MS;
 }

@@ -151,7 +151,10 @@ export interface WorkerSide {
  * contract, which the subclass implements with `broadcast` / `callEach` to reach its workers.
  */
 export interface CoordinatorHooks {
-  /** One report out of the workers' reports (blockers, counts, restarts). Pure and cheap. */
+  /**
+   * One report out of the workers' reports (blockers, counts, restarts). Pure; its result is kept
+   * until the next `notifyChange`, so other state it reads must call `notifyChange` when it changes.
+   */
   merge(reports: readonly WorkerReport[]): PrepareReport;
   /** Kind state a joining worker adopts (`JoinState.extra`, `WorkerSide.adopt`). */
   joinState?(worker: WorkerInfo): JsonObject;

@@ -14,11 +14,11 @@ import type { Logger } from '../logging.js';
 import type { ControlTarget } from '../control/routes.js';
 import { Channel } from './channel.js';
 import type { ForwardedControl } from './coordinator-server.js';
+import { replyTimeoutMs } from './rules.js';
 import {
   type JoinState,
   MESSAGE_TIMEOUT_MS,
   type NumberedReport,
-  REPLY_GRACE_MS,
   type WorkerAdmissionRequest,
   type WorkerRegistration,
   type WorkerSide,
@@ -52,7 +52,7 @@ function connectOnce(path: string): Promise<Socket> {
 function forwardTimeoutMs(body: unknown): number {
   const deadline = (body as { deadline_ts?: unknown } | null)?.deadline_ts;
   if (typeof deadline !== 'number' || !Number.isFinite(deadline)) return MESSAGE_TIMEOUT_MS;
-  return Math.max(0, deadline * 1000 - Date.now()) + REPLY_GRACE_MS;
+  return replyTimeoutMs(deadline, Date.now());
 }
 
 export class WorkerLink {
