@@ -4,7 +4,9 @@ import got from 'got';
 import { installControlPlane, planeTarget } from '../../src/control/routes.js';
 import { InvalidPhaseError } from '../../src/errors.js';
 import { captureKey, episodeId } from '../../src/identity.js';
+import type { JsonValue } from '../../src/json.js';
 import { listen } from '../../src/server.js';
+import type { WorkerInfo } from '../../src/workers/types.js';
 import { eventually, now, startToy } from './toy.js';
 import { onCleanup, refusedWith, useSockets } from './sockets.js';
 
@@ -271,5 +273,35 @@ describe('control calls forwarded by a worker', () => {
     expect(
       (await ask(servers[1]!.url, 'renew', { checkpoint_id: 'c1', deadline_ts: now() + 5 }))[0],
     ).toBe(409);
+  });
+});
+
+describe('kind hooks', () => {
+  test("a kind's join state reaches the worker's adopt, its messages reach handle, and handleNow serves before the read loop goes on", async () => {
+    const toy = await startToy(1);
+    const claims = new Set(['r1#0']);
+    Object.assign(toy.coordinator, {
+      joinState: (w: WorkerInfo) => ({ greeting: `hello ${w.index}` }),
+      handle: async (w: WorkerInfo, kind: string, body: JsonValue) => ({
+        from: w.index,
+        kind,
+        body,
+      }),
+      handleNow: (_w: WorkerInfo, kind: string, body: JsonValue) =>
+        kind === 'claim' ? { won: claims.delete((body as { key: string }).key) } : undefined,
+    });
+    const adopted: unknown[] = [];
+    const one = await toy.worker(1, { adopt: (state) => void adopted.push(state) });
+    expect(adopted).toEqual([{ greeting: 'hello 1' }]);
+    expect(await one.link.call('ping', { n: 1 })).toEqual({
+      from: 1,
+      kind: 'ping',
+      body: { n: 1 },
+    });
+    const [first, second] = await Promise.all([
+      one.link.call('claim', { key: 'r1#0' }),
+      one.link.call('claim', { key: 'r1#0' }),
+    ]);
+    expect([first, second]).toEqual([{ won: true }, { won: false }]);
   });
 });
