@@ -189,6 +189,7 @@ describe('a server with two worker processes', () => {
     const exits = lines.filter((l) => l.event === 'worker_exit').map((l) => l.code);
     expect([exits, exits.every((c) => c !== 0)]).toEqual([exits, true]);
     // The SIGKILLed primary could not remove its runtime directory (the next server start would).
-    for (const name of runtimeDirsOf(child.pid!)) rmSync(join('/tmp', name), { recursive: true, force: true });
+    for (const name of runtimeDirsOf(child.pid!))
+      rmSync(join('/tmp', name), { recursive: true, force: true });
   }, 180_000);
 });
