@@ -5,6 +5,7 @@
  * under an AbortSignal tied to the client's connection. Every failure is a JSON error.
  */
 import { timingSafeEqual } from 'node:crypto';
+import type { IncomingHttpHeaders } from 'node:http';
 
 import express, { type Express, type Request, type RequestHandler, type Router } from 'express';
 
@@ -14,7 +15,7 @@ import { errorMiddleware, jsonBody, requestSignal } from '../express.js';
 import type { Logger } from '../logging.js';
 import { inOperationSpan } from '../telemetry/checkpoint-spans.js';
 import type { CheckpointRecord } from '../store.js';
-import type { ControlPlane } from './plane.js';
+import { ControlPlane } from './plane.js';
 import {
   CONTROL_ROUTES,
   CONTROL_VALIDATORS,
@@ -75,6 +76,48 @@ export function bearerAuth(token: string): RequestHandler {
   };
 }
 
+/**
+ * Where the control routes send a call once the bearer token is checked: the process's own plane
+ * (`planeTarget`), or — in a worker of a server with several workers — the link that forwards it
+ * to the coordinator's plane, so the caller gets exactly what that plane replies.
+ */
+export interface ControlTarget {
+  status(): object | Promise<object>;
+  /**
+   * Runs one POST route on its body as received (the plane validates it once), in its
+   * `gym.checkpoint.<route>` span under the caller's trace context (`trace`: its W3C headers).
+   */
+  call(
+    route: ControlRoute,
+    body: unknown,
+    signal: AbortSignal,
+    trace?: Readonly<Record<string, string>>,
+  ): Promise<object>;
+}
+
+/** The control target of a plane: validates the body once, then runs the route. */
+export function planeTarget<R extends CheckpointRecord>(plane: ControlPlane<R>): ControlTarget {
+  return {
+    status: () => plane.status(),
+    call: (route, body, signal, trace = {}) => {
+      // Looked up per request (not captured) so the one validation is observable.
+      const valid = CONTROL_VALIDATORS[route](body);
+      const run = () => dispatch(plane, route, valid, signal);
+      return inOperationSpan(route, plane.participant, valid.checkpoint_id, trace, run);
+    },
+  };
+}
+
+/** The W3C trace context headers of a control call, the only ones a forwarded call carries on. */
+function traceHeaders(headers: IncomingHttpHeaders): Record<string, string> {
+  const trace: Record<string, string> = {};
+  for (const name of ['traceparent', 'tracestate']) {
+    const value = headers[name];
+    if (typeof value === 'string') trace[name] = value;
+  }
+  return trace;
+}
+
 function dispatch<R extends CheckpointRecord>(
   plane: ControlPlane<R>,
   route: ControlRoute,
@@ -100,25 +143,24 @@ function dispatch<R extends CheckpointRecord>(
 }
 
 export function controlRouter<R extends CheckpointRecord>(
-  plane: ControlPlane<R>,
+  plane: ControlPlane<R> | ControlTarget,
   options: ControlRouterOptions,
 ): Router {
+  const target = plane instanceof ControlPlane ? planeTarget(plane) : plane;
   if (!options.token) {
     throw new ConfigError('checkpoint control routes need a non-empty control_auth_token');
   }
   const router = express.Router();
   router.use(bearerAuth(options.token));
   const json = jsonBody(options.bodyLimit ?? DEFAULT_CONTROL_BODY_LIMIT);
-  router.get('/status', (_req, res) => {
-    res.json(plane.status());
+  router.get('/status', async (_req, res) => {
+    res.json(await target.status());
   });
   for (const route of CONTROL_ROUTES) {
     router.post(`/${route}`, json, async (req, res) => {
-      // Looked up per request (not captured) so the one validation is observable.
-      const body = CONTROL_VALIDATORS[route](req.body);
-      const run = () => dispatch(plane, route, body, requestSignal(req, res));
-      const { checkpoint_id } = body;
-      res.json(await inOperationSpan(route, plane.participant, checkpoint_id, req.headers, run));
+      res.json(
+        await target.call(route, req.body, requestSignal(req, res), traceHeaders(req.headers)),
+      );
     });
   }
   router.use(errorMiddleware(options.logger));
@@ -131,7 +173,7 @@ export function controlRouter<R extends CheckpointRecord>(
  */
 export function installControlPlane<R extends CheckpointRecord>(
   app: Express,
-  plane: ControlPlane<R>,
+  plane: ControlPlane<R> | ControlTarget,
   token: string,
   options: Omit<ControlRouterOptions, 'token'> = {},
 ): void {
