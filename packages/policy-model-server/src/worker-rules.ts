@@ -2,8 +2,8 @@
  * The rules of a policy model server with several workers, as small pure pieces (the coordinator
  * and the worker links apply them; nothing here does I/O):
  *
- * - the workers' reports merge into one `PrepareReport`; a worker that has not reported, or one
- *   lost while the checkpoint is open, blocks it instead of weakening it;
+ * - the workers' reports merge into one `PrepareReport` (core's coordinator blocks it while a
+ *   worker has not reported, or after one was lost while the checkpoint is open);
  * - the commit's snapshots must come from every worker, none lost since admission closed:
  *   otherwise the rows of a lost worker's undelivered calls would be exported as delivered;
  * - restored attempts stop being pending at their first admitted call on any worker, and only the
@@ -39,56 +39,23 @@ export interface PolicyWorkerSnapshot {
   readonly cuts: readonly KeptCut[];
 }
 
-/** The blocker naming a worker that has not reported since admission closed. */
-export function unreportedBlocker(index: number): string {
-  return `(policy worker ${index} has not reported)`;
-}
-
-/** The blocker naming workers lost while the checkpoint was open. */
-export const LOST_WORKER_BLOCKER = '(a policy worker left during this checkpoint)';
-
-export interface WorkerReports {
-  /** The worker indexes the server runs (0..N-1). */
-  readonly expected: number;
-  /** The latest report of each worker that reported since admission closed. */
-  readonly reports: ReadonlyMap<number, PolicyWorkerReport>;
-  /** A worker left while admission was closed: what it held is unknown. */
-  readonly lostDuringCheckpoint: boolean;
-}
-
-/** The one `PrepareReport` of the workers: ready once every worker reported nothing streaming. */
-export function mergeWorkerReports({
-  expected,
-  reports,
-  lostDuringCheckpoint,
-}: WorkerReports): PrepareReport {
+/**
+ * The one `PrepareReport` of the workers' reports: ready once no worker has a response streaming.
+ * (The coordinator also blocks while a worker has not reported, or was lost during the checkpoint.)
+ */
+export function mergePolicyReports(reports: readonly PolicyWorkerReport[]): PrepareReport {
   const keys = new Set<string>();
   const counts: Record<string, number> = { inflight: 0, held: 0 };
-  let cutCounts = false;
-  for (const report of reports.values()) {
+  for (const report of reports) {
     for (const key of report.streaming) keys.add(key === '' ? UNTAGGED_BLOCKER : key);
     counts.inflight! += report.inflight;
     counts.held! += report.held;
     if (report.cut_failures !== undefined) {
-      cutCounts = true;
       counts.cut_failures = (counts.cut_failures ?? 0) + report.cut_failures;
       counts.cut_skipped = (counts.cut_skipped ?? 0) + (report.cut_skipped ?? 0);
     }
   }
-  if (!cutCounts) {
-    delete counts.cut_failures;
-    delete counts.cut_skipped;
-  }
-  const missing: string[] = [];
-  for (let index = 0; index < expected; index++) {
-    if (!reports.has(index)) missing.push(unreportedBlocker(index));
-  }
-  const blockers = [
-    ...(lostDuringCheckpoint ? [LOST_WORKER_BLOCKER] : []),
-    ...missing,
-    ...[...keys].sort(),
-  ];
-  return prepareReport({ blockers, blockerCount: blockers.length, counts });
+  return prepareReport({ blockers: [...keys].sort(), blockerCount: keys.size, counts });
 }
 
 /**
@@ -255,7 +222,7 @@ export function restoreRefusal(state: {
   if (state.workerLeft) {
     return 'model restore requires freshly started policy workers; a worker has left since start';
   }
-  for (let index = 0; index < state.expected; index++) {
+  for (let index = 1; index <= state.expected; index++) {
     const served = state.served.get(index);
     if (served === undefined) {
       return `model restore requires every policy worker to have joined; worker ${index} has not`;
