@@ -61,7 +61,7 @@ interface Coordinated {
 
 const deadlineTs = () => Date.now() / 1000 + 30;
 
-async function startCoordinated(workers = 2): Promise<Coordinated> {
+async function startCoordinated(workers = 2, start = workers): Promise<Coordinated> {
   const fake = await startFake();
   const captureDir = await tempDir();
   const stack = parseStackFile(
@@ -96,7 +96,7 @@ async function startCoordinated(workers = 2): Promise<Coordinated> {
     started.push(worker);
     return worker;
   };
-  for (let index = 1; index <= workers; index++) await startWorker(index);
+  for (let index = 1; index <= start; index++) await startWorker(index);
   return {
     coordinator,
     plane: plane as unknown as ControlPlane<never>,
@@ -152,12 +152,25 @@ describe('the commit of several workers', () => {
   });
 
   it('refuses an export when fewer workers answer the snapshot than expected', async () => {
+    // The second worker never joined (the controller's readiness wait would block on it).
+    const c = await startCoordinated(2, 1);
+    await c.coordinator.closeAdmission({
+      checkpointId: 'c1',
+      deadlineTs: deadlineTs(),
+      carriedRestarts: new Set(),
+    });
+    await expect(c.coordinator.export([ep('r')], new AbortController().signal)).rejects.toThrow(
+      /only 1 of 2 policy workers answered/,
+    );
+  });
+
+  it('refuses an export after a worker left while admission was closed', async () => {
     const c = await startCoordinated();
     await prepared(c, 'c1');
     await c.workers[1]!.link.detach();
     await until(async () => c.coordinator.workers().length === 1, 'the worker to leave');
     await expect(c.coordinator.export([ep('r')], new AbortController().signal)).rejects.toThrow(
-      /policy worker/,
+      /lost after admission closed/,
     );
   });
 });
