@@ -3,10 +3,11 @@
  * control plane on a Unix socket (core's coordinator server), and each worker's app with its own
  * gate, linked to it by core's worker link and listening on its own port.
  */
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { CoordinatorUnavailableError, type JsonValue } from '@ckpt-gym/core/protocol';
+import { captureKey, CoordinatorUnavailableError, type JsonValue } from '@ckpt-gym/core/protocol';
 import {
   ControlPlane,
   createRuntimeDir,
@@ -24,6 +25,7 @@ import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js
 import { type PolicyCoordinator } from '../src/coordinator.js';
 import type { CutRecord } from '../src/cuts.js';
 import { policyModelKind } from '../src/kind.js';
+import { STARTED_SUFFIX } from '../src/ledger.js';
 
 import {
   CHAT_BODY,
@@ -53,6 +55,7 @@ interface Worker {
 
 interface Coordinated {
   readonly coordinator: PolicyCoordinator;
+  readonly captureDir: string;
   readonly plane: ControlPlane<never>;
   readonly workers: Worker[];
   /** Starts (and links) worker `index`, as the primary forks one. */
@@ -99,6 +102,7 @@ async function startCoordinated(workers = 2, start = workers): Promise<Coordinat
   for (let index = 1; index <= start; index++) await startWorker(index);
   return {
     coordinator,
+    captureDir,
     plane: plane as unknown as ControlPlane<never>,
     workers: started,
     startWorker,
@@ -172,6 +176,35 @@ describe('the commit of several workers', () => {
     await expect(c.coordinator.export([ep('r')], new AbortController().signal)).rejects.toThrow(
       /lost after admission closed/,
     );
+  });
+});
+
+describe('restored attempts across workers', () => {
+  it('an attempt any worker started is no longer pending, marked started in the shared ledger, and a reopen does not make it pending again', async () => {
+    const c = await startCoordinated();
+    await c.coordinator.closeAdmission({
+      checkpointId: 'r1',
+      deadlineTs: deadlineTs(),
+      carriedRestarts: new Set(),
+    });
+    await c.coordinator.install([], [ep('r'), ep('s')]);
+    await c.coordinator.openAdmission();
+    expect(c.coordinator.restoredPending().map(captureKey)).toEqual(['r-a1', 's-a1']);
+
+    expect((await chat(c.workers[1]!.url, 'r-a1')).status).toBe(200);
+    await until(
+      async () => c.coordinator.restoredPending().length === 1,
+      'the started attempt to leave the pending ones',
+    );
+    expect(c.coordinator.restoredPending().map(captureKey)).toEqual(['s-a1']);
+    expect(existsSync(join(c.captureDir, `r-a1${STARTED_SUFFIX}`))).toBe(true);
+
+    // A checkpoint opens and resumes: the reopen hands the workers nothing.
+    await prepared(c, 'c1');
+    await c.plane.resume({ checkpoint_id: 'c1', deadline_ts: deadlineTs() });
+    expect(c.coordinator.restoredPending().map(captureKey)).toEqual(['s-a1']);
+    expect((await chat(c.workers[0]!.url, 's-a1')).status).toBe(200);
+    await until(async () => c.coordinator.restoredPending().length === 0, 'no attempt pending');
   });
 });
 
