@@ -85,7 +85,6 @@ export class PolicyWorker implements WorkerSide {
   reportExtra(): JsonObject {
     const { policy, cuts } = this.#options;
     const report: PolicyWorkerReport = {
-      served: policy.served,
       streaming: policy.streamingKeys(),
       inflight: policy.inflight,
       held: policy.held,
