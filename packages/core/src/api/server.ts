@@ -104,6 +104,7 @@ export {
   type RunningServer,
   type ServerKindModule,
   serverOfKind,
+  startServer,
   startServerMain,
   type WorkerContext,
   type WorkersSupport,
