@@ -64,11 +64,11 @@ interface Coordinated {
 
 const deadlineTs = () => Date.now() / 1000 + 30;
 
-async function startCoordinated(workers = 2, start = workers): Promise<Coordinated> {
+async function startCoordinated(workers = 2, start = workers, extra = ''): Promise<Coordinated> {
   const fake = await startFake();
   const captureDir = await tempDir();
   const stack = parseStackFile(
-    stackYaml(`${fake.url}/v1`, captureDir, { extra: `, num_workers: ${workers}` }),
+    stackYaml(`${fake.url}/v1`, captureDir, { extra: `, num_workers: ${workers}${extra}` }),
   );
   const logger = silentLogger();
   const coordinator = policyModelKind.workers!.coordinator(stack, 'policy', {
@@ -205,6 +205,39 @@ describe('restored attempts across workers', () => {
     expect(c.coordinator.restoredPending().map(captureKey)).toEqual(['s-a1']);
     expect((await chat(c.workers[0]!.url, 's-a1')).status).toBe(200);
     await until(async () => c.coordinator.restoredPending().length === 0, 'no attempt pending');
+  });
+});
+
+describe('restored cuts across workers', () => {
+  it('a restored cut is claimed once across workers (over their channels)', async () => {
+    const c = await startCoordinated(2, 2, ', checkpoint_generation_cuts: true');
+    const cut = {
+      capture_key: 'r',
+      model_call_id: 'c2',
+      request_digest: 'd',
+      admitted_at: 1,
+      cut_id: 'cut',
+      continuation: {
+        schema_version: 2,
+        source_capture_key: 'r',
+        source_model_call_id: 'c2',
+        staging_keys: ['k'],
+        prefix_token_count: 2,
+        prefix_digest: 'a'.repeat(64),
+        effective_output_limit: 1024,
+      },
+    };
+    await c.coordinator.install(
+      [{ episode_id: ep('r'), rows: [], generation_cuts: [cut] }],
+      [ep('r')],
+    );
+    expect(c.coordinator.statusExtra().restored_generation_cuts).toEqual(['r-a1']);
+    const claims = await Promise.all(
+      c.workers.map((w) => w.link.call('claim_cut', { capture_key: 'r-a1' })),
+    );
+    const records = claims.map((reply) => (reply as { record: unknown }).record);
+    expect(records.filter((r) => r !== null)).toEqual([cut]);
+    expect(c.coordinator.statusExtra().restored_generation_cuts).toEqual([]);
   });
 });
 
