@@ -7,7 +7,12 @@ import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
-import { captureKey, CoordinatorUnavailableError, type JsonValue } from '@ckpt-gym/core/protocol';
+import {
+  captureKey,
+  CoordinatorUnavailableError,
+  type JsonObject,
+  type JsonValue,
+} from '@ckpt-gym/core/protocol';
 import {
   ControlPlane,
   createRuntimeDir,
@@ -28,8 +33,8 @@ import { policyModelKind } from '../src/kind.js';
 import { STARTED_SUFFIX } from '../src/ledger.js';
 
 import {
-  CHAT_BODY,
   chat,
+  CUT_RECORD,
   cleanup,
   control,
   fakeCalls,
@@ -211,24 +216,9 @@ describe('restored attempts across workers', () => {
 describe('restored cuts across workers', () => {
   it('a restored cut is claimed once across workers (over their channels)', async () => {
     const c = await startCoordinated(2, 2, ', checkpoint_generation_cuts: true');
-    const cut = {
-      capture_key: 'r',
-      model_call_id: 'c2',
-      request_digest: 'd',
-      admitted_at: 1,
-      cut_id: 'cut',
-      continuation: {
-        schema_version: 2,
-        source_capture_key: 'r',
-        source_model_call_id: 'c2',
-        staging_keys: ['k'],
-        prefix_token_count: 2,
-        prefix_digest: 'a'.repeat(64),
-        effective_output_limit: 1024,
-      },
-    };
+    const cut = CUT_RECORD;
     await c.coordinator.install(
-      [{ episode_id: ep('r'), rows: [], generation_cuts: [cut] }],
+      [{ episode_id: ep('r'), rows: [], generation_cuts: [cut as unknown as JsonObject] }],
       [ep('r')],
     );
     expect(c.coordinator.statusExtra().restored_generation_cuts).toEqual(['r-a1']);
@@ -251,7 +241,7 @@ describe('restore with several workers', () => {
 
   it('is refused once any worker served a call', async () => {
     const c = await startCoordinated();
-    expect((await chat(c.workers[1]!.url, 'r', CHAT_BODY)).status).toBe(200);
+    expect((await chat(c.workers[1]!.url, 'r')).status).toBe(200);
     await until(
       async () => (c.coordinator.statusExtra().served as boolean) === true,
       'the worker to say it served',
