@@ -205,6 +205,11 @@ async function startWorker(
   const logger = options.logger ?? createLogger({ server: settings.name, kind: settings.kind });
   const link = workerLinkFromEnv(logger, settings.kind);
   const index = link?.index ?? Number(process.env[WORKER_INDEX_ENV]);
+  let stopping = false;
+  // Cluster exits a worker with 0 once its primary is gone: only a clean stop is a success.
+  process.on('exit', (code) => {
+    if (!stopping && code === 0) process.exitCode = 1;
+  });
   const server = await kind.fromStack(stack, settings.name, {
     ...options,
     worker: { index, link },
@@ -212,6 +217,7 @@ async function startWorker(
   return {
     ...pickRunning(server),
     close: async () => {
+      stopping = true;
       await server.close();
       await link?.detach();
     },

@@ -175,19 +175,20 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     this.#workers.delete(index);
     this.#departedWorkers += 1;
     const meta = { worker: index, pid: worker.pid };
-    if (!this.#accepting) {
-      this.#lostWhileClosed = true;
-      if (!worker.leaving) this.#lostWorkers += 1;
+    if (!worker.leaving) this.#lostWorkers += 1;
+    if (!this.#accepting) this.#lostWhileClosed = true;
+    const checkpoint = this.#request?.checkpointId;
+    const blocks = this.#accepting ? '' : `; it blocks checkpoint ${checkpoint} from committing`;
+    if (worker.leaving) {
+      this.logger.info(`${this.label} worker ${index} stopped${blocks}`, meta);
+    } else if (this.#accepting) {
+      this.logger.warn(`${this.label} worker ${index} was lost`, meta);
+    } else {
       this.logger.warn(
-        `${this.label} worker ${index} was lost during checkpoint ${this.#request?.checkpointId}; ` +
+        `${this.label} worker ${index} was lost during checkpoint ${checkpoint}; ` +
           'it blocks that checkpoint from committing',
         meta,
       );
-    } else if (worker.leaving) {
-      this.logger.info(`${this.label} worker ${index} stopped`, meta);
-    } else {
-      this.#lostWorkers += 1;
-      this.logger.warn(`${this.label} worker ${index} was lost`, meta);
     }
     this.notifyChange();
   }

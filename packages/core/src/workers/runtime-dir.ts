@@ -79,7 +79,8 @@ export function createRuntimeDir(root = RUNTIME_ROOT): RuntimeDir {
     process.exit(0);
   };
   process.on('exit', remove);
-  process.on('SIGTERM', onSignal);
-  process.on('SIGINT', onSignal);
+  // First in line, so the count above still sees a listener that removes itself when called.
+  process.prependListener('SIGTERM', onSignal);
+  process.prependListener('SIGINT', onSignal);
   return { path, remove };
 }
