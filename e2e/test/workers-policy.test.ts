@@ -142,6 +142,8 @@ scenario(
     expect(await childPids(dep.server('policy').pid)).toHaveLength(WORKERS);
     const next = ['next-0', 'next-1'];
     const before = await dep.callCount();
+    // The release ended the hold: each new rollout's second call is held again.
+    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     for (const r of next) dep.post('env', '/run', weatherEpisode(r));
     await dep.waitForCalls(before + 2 * next.length, 60_000);
     const { committed } = await dep.checkpoint(
