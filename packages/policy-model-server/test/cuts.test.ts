@@ -22,6 +22,7 @@ import type { Ticket } from '../src/gate.js';
 import {
   CHAT_BODY,
   chat,
+  CUT_RECORD,
   cleanup,
   control,
   fakeCalls,
@@ -355,22 +356,7 @@ describe('kept cuts (unit)', () => {
         },
       },
     });
-  const record: CutRecord = {
-    capture_key: 'r',
-    model_call_id: 'c2',
-    request_digest: 'd',
-    admitted_at: 1,
-    cut_id: 'cut',
-    continuation: {
-      schema_version: 2,
-      source_capture_key: 'r',
-      source_model_call_id: 'c2',
-      staging_keys: ['k'],
-      prefix_token_count: 2,
-      prefix_digest: 'a'.repeat(64),
-      effective_output_limit: 1024,
-    },
-  };
+  const record: CutRecord = CUT_RECORD;
   const ticket = (id: string): Ticket => ({
     id,
     episode: { rollout_id: 'r', attempt: 1 },

@@ -16,6 +16,7 @@ import {
 import { type RunningFakeInference, startFakeInference } from '@ckpt-gym/fake-inference';
 import { closeNow, controlClient, type ControlReply } from '@ckpt-gym/testing';
 
+import type { CutRecord } from '../src/cuts.js';
 import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js';
 
 export const TOKEN = 'tok';
@@ -233,3 +234,21 @@ export function rawCall(url: string, path: string, body: object) {
   req.end(JSON.stringify(body));
   return { state, finished, abort: () => req.destroy() };
 }
+
+/** A generation-cut record as a checkpoint holds one (its continuation is the wire model). */
+export const CUT_RECORD: CutRecord = {
+  capture_key: 'r',
+  model_call_id: 'c2',
+  request_digest: 'd',
+  admitted_at: 1,
+  cut_id: 'cut',
+  continuation: {
+    schema_version: 2,
+    source_capture_key: 'r',
+    source_model_call_id: 'c2',
+    staging_keys: ['k'],
+    prefix_token_count: 2,
+    prefix_digest: 'a'.repeat(64),
+    effective_output_limit: 1024,
+  },
+};
