@@ -663,16 +663,29 @@ function portProblems(servers: ReadonlyArray<[string, RawServer]>): string[] {
   return problems;
 }
 
-/** SPEC §5: one worker per server while checkpointing is on. */
+/**
+ * The participant kinds whose workers are not yet coordinated into one participant. A model
+ * server's are (core's worker-coordination layer: its primary process is the participant); an
+ * inference server is no participant.
+ */
+const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set([
+  'resources',
+  'agent',
+  'environment',
+]);
+
+/**
+ * SPEC §5: with checkpointing on, a participant runs several workers only where they are
+ * coordinated; the others' workers would each hold part of the server's episodes and none of
+ * them would see the whole at a checkpoint.
+ */
 function checkpointServerProblems(name: string, server: RawServer): string[] {
-  const problems: string[] = [];
-  if (server.num_workers > 1) {
-    problems.push(
-      `servers.${name}.num_workers: checkpointing requires num_workers: 1 (got ${server.num_workers}); ` +
-        'several workers per server with checkpointing is planned work',
-    );
-  }
-  return problems;
+  if (server.num_workers === 1 || !UNCOORDINATED_WORKER_KINDS.has(server.kind)) return [];
+  return [
+    `servers.${name}.num_workers: checkpointing requires num_workers: 1 on ${aKind(server.kind)} ` +
+      `server (got ${server.num_workers}): each worker would hold part of its episodes, and only ` +
+      "a model server's workers are coordinated into one participant so far",
+  ];
 }
 
 /** SPEC §5: a model server an agent captures tokens through must be inside the checkpoint gate. */

@@ -514,16 +514,33 @@ describe('checkpointing limits', () => {
   const workers = 'policy: { kind: model, app: policy, port: 8101, num_workers: 2 }';
   const mcp = 'weather: { kind: resources, app: weather, port: 8102, expose_tools_over_mcp: true }';
 
-  it('refuses num_workers > 1 with checkpointing on', () => {
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers] }));
-    expect(err.message).toBe(
-      `${SOURCE}: servers.policy.num_workers: checkpointing requires num_workers: 1 (got 2); ` +
-        'several workers per server with checkpointing is planned work',
-    );
+  it('allows a model server several workers with checkpointing on', () => {
+    const settings = parse(stack({ top: CHECKPOINT_ON, servers: [workers] }));
+    expect(serverSettings(settings, 'policy').numWorkers).toBe(2);
+  });
+
+  it('refuses num_workers > 1 with checkpointing on for agent, environment and resources servers', () => {
+    const servers = [
+      MODEL,
+      'weather: { kind: resources, app: weather, port: 8102, num_workers: 2 }',
+      'agent: { kind: agent, app: simple, port: 8103, model_server: policy, num_workers: 3 }',
+      'env: { kind: environment, app: counter, port: 8104, agent_server: agent, num_workers: 4 }',
+    ];
+    const err = refusal(stack({ top: CHECKPOINT_ON, servers }));
+    const why =
+      "each worker would hold part of its episodes, and only a model server's workers are " +
+      'coordinated into one participant so far';
+    expect(err.message.split('\n')).toEqual([
+      `${SOURCE}: servers.weather.num_workers: checkpointing requires num_workers: 1 on a resources server (got 2): ${why}`,
+      `${SOURCE}: servers.agent.num_workers: checkpointing requires num_workers: 1 on an agent server (got 3): ${why}`,
+      `${SOURCE}: servers.env.num_workers: checkpointing requires num_workers: 1 on an environment server (got 4): ${why}`,
+    ]);
   });
 
   it('allows num_workers > 1 with checkpointing off', () => {
     expect(serverSettings(parse(stack({ servers: [workers] })), 'policy').numWorkers).toBe(2);
+    const agent = 'agent: { kind: agent, app: simple, port: 8103, num_workers: 2 }';
+    expect(serverSettings(parse(stack({ servers: [agent] })), 'agent').numWorkers).toBe(2);
   });
 
   it('allows MCP tool exposure with checkpointing on and off', () => {
@@ -548,8 +565,9 @@ describe('checkpointing limits', () => {
   });
 
   it('reports every problem of a file at once', () => {
-    const more = 'policy2: { kind: model, app: policy, port: 8104, num_workers: 3 }';
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, more, mcp] }));
+    const agent = 'agent: { kind: agent, app: simple, port: 8104, num_workers: 3 }';
+    const env = 'env: { kind: environment, app: counter, port: 8105, num_workers: 2 }';
+    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, env, mcp] }));
     expect(err.message.split('\n')).toHaveLength(2);
   });
 });
