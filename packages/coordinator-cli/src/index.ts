@@ -116,6 +116,7 @@ async function run(invocation: Invocation, io: CliIo): Promise<number> {
   try {
     ctx = new CommandContext(invocation, io);
     const result = await HANDLERS[invocation.command](ctx);
+    if (result.streamed === true) return result.exitCode;
     if (invocation.json)
       io.stdout.write(jsonDocument(invocation.command, result.exitCode, result.data));
     else io.stdout.write(`${result.text}\n`);
