@@ -1,7 +1,8 @@
 /**
  * The process launcher: every server of a stack file as its own process (and process group), in
  * dependency order, each started as `node <cli> serve --config <runDir>/stack.yaml --server NAME`
- * and waited for on its health route. `up`, `down`, `crash`, the demo and the e2e suite's
+ * and waited for on its health route. A server with `num_workers: N` is its primary process and
+ * the N workers it forks, all in its group. `up`, `down`, `crash`, the demo and the e2e suite's
  * deployment helper are built on it.
  *
  * The run directory holds `run.json` (names, kinds, pids, ports, URLs, log paths), `stack.yaml`
@@ -78,7 +79,10 @@ export interface StackHandle {
   startServer(name: string): Promise<LaunchedServer>;
   /** SIGKILLs every gym process group; the inference backend is kept unless `all`. */
   crash(opts?: { all?: boolean }): Promise<void>;
-  /** SIGTERM to every group (environment first), SIGKILL to what is left after the grace. */
+  /**
+   * SIGTERM to every server process (environment first), SIGKILL to what is left of their groups
+   * after the grace. A server's workers share its group: their primary stops them, in its order.
+   */
   stop(opts?: { graceMs?: number }): Promise<void>;
   /** Fresh processes, on the same ports, for every launched server whose process is gone. */
   restart(): Promise<void>;
@@ -217,15 +221,36 @@ export interface LaunchedChild {
   readonly launchId: string;
 }
 
-/** Whether a `/health` reply body comes from `child` itself. */
-export function provesLaunchedChild(body: unknown, child: LaunchedChild): boolean {
+/** The parent of process `pid`, from /proc (Linux); undefined when it cannot be read. */
+export function parentPid(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // `pid (comm) state ppid …`; comm may itself hold ') '.
+    const ppid = Number(stat.slice(stat.lastIndexOf(') ') + 2).split(' ')[1]);
+    return Number.isSafeInteger(ppid) ? ppid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether a `/health` reply body comes from `child` itself, or from one of its workers: a server
+ * with several workers answers from a worker, a process the child forked (which inherits the
+ * nonce), so its pid is the worker's and its parent is the child.
+ */
+export function provesLaunchedChild(
+  body: unknown,
+  child: LaunchedChild,
+  parentOf: (pid: number) => number | undefined = parentPid,
+): boolean {
   const reply = body as Partial<HealthReply> | null;
   return (
     typeof reply === 'object' &&
     reply !== null &&
     reply.status === 'ok' &&
-    reply.pid === child.pid &&
-    reply.launch_id === child.launchId
+    reply.launch_id === child.launchId &&
+    typeof reply.pid === 'number' &&
+    (reply.pid === child.pid || parentOf(reply.pid) === child.pid)
   );
 }
 
@@ -260,8 +285,13 @@ function isAlive(pgid: number): boolean {
 }
 
 function signalGroup(pgid: number, signal: NodeJS.Signals): void {
+  signalProcess(-pgid, signal);
+}
+
+/** Signals a process (a negative pid: a group); one already gone is no error. */
+function signalProcess(pid: number, signal: NodeJS.Signals): void {
   try {
-    process.kill(-pgid, signal);
+    process.kill(pid, signal);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
   }
@@ -482,7 +512,8 @@ class RunningStack implements StackHandle {
   async stop(opts: { graceMs?: number } = {}): Promise<void> {
     // Callers first, so nothing sends work to a server that is already gone.
     const order = liveServers(this.servers.values()).reverse();
-    for (const server of order) signalGroup(server.pid, 'SIGTERM');
+    // The leader only: a worker told by the group too would stop before its primary asks it.
+    for (const server of order) signalProcess(server.pid, 'SIGTERM');
     const pgids = order.map((server) => server.pid);
     if (!(await waitGone(pgids, opts.graceMs ?? DEFAULT_GRACE_MS))) {
       for (const pgid of pgids) signalGroup(pgid, 'SIGKILL');

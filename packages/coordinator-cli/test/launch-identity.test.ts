@@ -14,6 +14,7 @@ import {
   freePort,
   launchFailure,
   listenErrorCode,
+  parentPid,
   provesLaunchedChild,
 } from '../src/launcher.js';
 
@@ -37,6 +38,35 @@ describe('provesLaunchedChild', () => {
     ['an array', [REPLY]],
   ])('%s does not', (_what, body) => {
     expect(provesLaunchedChild(body, CHILD)).toBe(false);
+  });
+});
+
+describe('provesLaunchedChild, a server with several workers', () => {
+  const parents: Record<number, number> = { 5001: 4242, 5002: 4242, 6001: 9999 };
+  const parentOf = (pid: number): number | undefined => parents[pid];
+
+  test('a reply from a worker the child forked, with its launch id, proves it', () => {
+    expect(provesLaunchedChild({ ...REPLY, pid: 5001 }, CHILD, parentOf)).toBe(true);
+  });
+
+  test.each([
+    ["another process's worker", { ...REPLY, pid: 6001 }],
+    [
+      'a worker of the child with another launch id',
+      { ...REPLY, pid: 5002, launch_id: 'launch-b' },
+    ],
+    ['a process whose parent cannot be read', { ...REPLY, pid: 7001 }],
+  ])('%s does not', (_what, body) => {
+    expect(provesLaunchedChild(body, CHILD, parentOf)).toBe(false);
+  });
+
+  test("a real child's child is proved by /proc, another process is not", () => {
+    expect(parentPid(process.pid)).toBe(process.ppid);
+    const child = { pid: process.ppid, launchId: 'launch-a' };
+    expect(provesLaunchedChild({ ...REPLY, pid: process.pid }, child)).toBe(true);
+    expect(
+      provesLaunchedChild({ ...REPLY, pid: process.ppid }, { ...child, pid: process.pid }),
+    ).toBe(false);
   });
 });
 

@@ -2,8 +2,6 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
-import { listeningLine } from '@ckpt-gym/core/server';
-
 import { DEFAULT_RUN_DIR, PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, describe } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
@@ -18,7 +16,7 @@ import {
   type StackHandle,
 } from '../launcher.js';
 import { type CommandResult, table } from '../output.js';
-import { serveServer } from '../serve.js';
+import { serveProcess } from '../serve.js';
 
 /** `received` resolves once SIGTERM or SIGINT arrives; the handlers go then, or on `cancel`. */
 export function untilSignal(): { received: Promise<NodeJS.Signals>; cancel(): void } {
@@ -56,19 +54,25 @@ function serverTable(servers: Iterable<LaunchedServer>): string {
 export async function serveCommand(ctx: CommandContext): Promise<CommandResult> {
   const name = ctx.invocation.server ?? '';
   const signal = untilSignal();
+  // With --json, stdout holds only the closing document; the line goes with the progress.
+  const out = ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout;
   let running;
   try {
-    running = await serveServer(ctx.stack, name);
+    running = await serveProcess(ctx.stack, ctx.configPath, name, (line) => out.write(`${line}\n`));
   } catch (err) {
     signal.cancel();
     throw err;
   }
-  // With --json, stdout holds only the closing document; the line goes with the progress.
-  (ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout).write(
-    `${listeningLine(running, ctx.stack)}\n`,
-  );
   const received = await signal.received;
-  await running.close();
+  // Closing may take a while (requests finish): a second signal, say the group's after its
+  // primary's, must not end it halfway.
+  const ignore = (): void => undefined;
+  process.on('SIGTERM', ignore).on('SIGINT', ignore);
+  try {
+    await running.close();
+  } finally {
+    process.off('SIGTERM', ignore).off('SIGINT', ignore);
+  }
   return {
     exitCode: ExitCode.OK,
     data: { server: name, signal: received },
