@@ -9,32 +9,37 @@ import {
   workersOf,
 } from '../src/status-view.js';
 
+/** An operation that ended ok taking `ms`, with its stages (name and ms). */
+function operation(
+  ms: number,
+  stages: [string, number][],
+  counts: { episodes: number; bytes?: number } = { episodes: 0 },
+) {
+  return {
+    outcome: 'ok',
+    ended_at: 100,
+    ms,
+    cpu_ms: 1,
+    ...counts,
+    stages: stages.map(([name, stageMs]) => ({ name, ms: stageMs, cpu_ms: 1 })),
+  };
+}
+
 const lastCheckpoint = {
   checkpoint_id: 'c1',
   operations: {
-    prepare: {
-      outcome: 'ok',
-      ended_at: 100,
-      ms: 12,
-      cpu_ms: 3,
-      episodes: 0,
-      stages: [
-        { name: 'close_admission', ms: 1, cpu_ms: 1 },
-        { name: 'readiness_wait', ms: 11, cpu_ms: 2 },
+    prepare: operation(12, [
+      ['close_admission', 1],
+      ['readiness_wait', 11],
+    ]),
+    commit: operation(
+      40,
+      [
+        ['export', 20],
+        ['records_write', 18],
       ],
-    },
-    commit: {
-      outcome: 'ok',
-      ended_at: 101,
-      ms: 40,
-      cpu_ms: 30,
-      episodes: 3,
-      bytes: 900,
-      stages: [
-        { name: 'export', ms: 20, cpu_ms: 15 },
-        { name: 'records_write', ms: 18, cpu_ms: 14 },
-      ],
-    },
+      { episodes: 3, bytes: 900 },
+    ),
   },
 };
 
