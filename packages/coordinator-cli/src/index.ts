@@ -42,6 +42,7 @@ export {
   launchOrder,
   launchStack,
   type LaunchOptions,
+  parentPid,
   RESOLVED_STACK_FILE,
   RUN_FILE,
   SERVER_NODE_FLAGS,
