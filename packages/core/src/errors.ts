@@ -145,6 +145,13 @@ export const ERROR_CATALOGUE = {
     retry: 'never',
     meaning: 'the request headers are larger than the server accepts',
   },
+  // `backoff`: a worker's coordinator stalled or its connection dropped; the caller may fall back
+  // (a cut claim regenerates) or send the control call again.
+  checkpoint_coordinator_unavailable: {
+    status: 503,
+    retry: 'backoff',
+    meaning: "a server worker could not reach its process's checkpoint coordinator in time",
+  },
   // `backoff`: the server holds as many connections as its descriptors allow; one closes soon.
   overloaded: {
     status: 503,
@@ -353,6 +360,12 @@ export class OverloadedError extends CkptGymError {
   declare readonly code: 'overloaded';
   constructor(detail: string, options?: { cause?: unknown }) {
     super('overloaded', detail, options);
+  }
+}
+export class CoordinatorUnavailableError extends CkptGymError {
+  declare readonly code: 'checkpoint_coordinator_unavailable';
+  constructor(detail: string, options?: { cause?: unknown }) {
+    super('checkpoint_coordinator_unavailable', detail, options);
   }
 }
 

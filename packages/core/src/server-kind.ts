@@ -8,7 +8,7 @@ import { parseArgs } from 'node:util';
 import type { Express } from 'express';
 
 import { CkptGymError, ConfigError } from './errors.js';
-import type { Logger } from './logging.js';
+import { createLogger, type Logger } from './logging.js';
 import { listen, type ListeningServer } from './server.js';
 import {
   type KindConfigSchema,
@@ -19,6 +19,10 @@ import {
   serverSettings,
   type StackSettings,
 } from './settings.js';
+import type { WorkerCoordinator } from './workers/coordinator.js';
+import { isServerWorker, startWorkers, workerLinkFromEnv } from './workers/primary.js';
+import { WORKER_INDEX_ENV } from './workers/types.js';
+import type { WorkerLink } from './workers/worker-link.js';
 
 /** A server of a stack file, built and listening. */
 export interface GymServer {
@@ -38,6 +42,34 @@ export interface FromStackOptions {
   logger?: Logger;
   /** Listen here instead of the stack file's port (0: a free port). */
   port?: number;
+  /**
+   * Set in a forked worker of a server with several workers (`ServerKindModule.workers`): build
+   * this worker's share of the server, `await worker.link.attach(side)` with its gate and marks,
+   * and mount the control routes over `worker.link.controlTarget()` (`GymAppOptions.control`).
+   */
+  worker?: WorkerContext;
+}
+
+/** What a forked worker's `fromStack` gets. */
+export interface WorkerContext {
+  /** This worker's index among the server's workers, from 1. */
+  readonly index: number;
+  /** Its link to the coordinator; undefined when checkpointing is off (nothing to coordinate). */
+  readonly link: WorkerLink | undefined;
+}
+
+/**
+ * How a kind runs `num_workers > 1`: the primary process builds the kind's coordinator (the
+ * participant its control plane wraps) and forks the workers; each worker runs the kind's
+ * `fromStack` with `options.worker`.
+ */
+export interface WorkersSupport {
+  /** In the primary, when checkpointing is on: the coordinator of the named server. */
+  coordinator(
+    stack: StackSettings,
+    name: string,
+    options: { readonly expectedWorkers: number; readonly logger: Logger },
+  ): WorkerCoordinator;
 }
 
 export interface ServerKindModule<K extends ServerKind = ServerKind> {
@@ -46,7 +78,12 @@ export interface ServerKindModule<K extends ServerKind = ServerKind> {
   readonly configSchema: KindConfigSchema;
   /** Builds the named server of the stack and listens on its host and port. */
   fromStack(stack: StackSettings, name: string, options?: FromStackOptions): Promise<GymServer>;
+  /** Present when the kind can run several worker processes per server. */
+  readonly workers?: WorkersSupport;
 }
+
+/** A started server process: one `GymServer`, or the primary of several workers. */
+export type RunningServer = Pick<GymServer, 'name' | 'kind' | 'host' | 'port' | 'url' | 'close'>;
 
 /** What a kind adds to its app to make it a `GymServer`: its plane and its close order. */
 export interface GymServerParts {
@@ -89,7 +126,7 @@ export function serverOfKind(stack: StackSettings, name: string, kind: ServerKin
 }
 
 /** The one line a server process prints once it accepts calls. */
-export function listeningLine(server: GymServer, stack?: StackSettings): string {
+export function listeningLine(server: RunningServer, stack?: StackSettings): string {
   const { name, kind, host, port, url } = server;
   return JSON.stringify({
     event: 'listening',
@@ -113,7 +150,7 @@ export async function startServerMain(
   kind: ServerKindModule,
   argv: readonly string[],
   print: (line: string) => void = (line) => void process.stdout.write(`${line}\n`),
-): Promise<GymServer> {
+): Promise<RunningServer> {
   let values;
   try {
     ({ values } = parseArgs({
@@ -129,11 +166,66 @@ export async function startServerMain(
     throw new ConfigError(`--port must be an integer, got ${values.port}`);
   }
   const stack = loadStackFile(values.config, process.env, kindSchemas([kind]));
-  const server = await kind.fromStack(stack, values.server, {
-    ...(values.port === undefined ? {} : { port: Number(values.port) }),
-  });
+  const options: FromStackOptions = values.port === undefined ? {} : { port: Number(values.port) };
+  const settings = serverOfKind(stack, values.server, kind.kind);
+  if (settings.numWorkers <= 1 || !kind.workers) {
+    const server = await kind.fromStack(stack, values.server, options);
+    print(listeningLine(server, stack));
+    return server;
+  }
+  if (isServerWorker()) return startWorker(kind, stack, settings, options);
+  const server = await startPrimary(kind.workers, stack, settings, options);
   print(listeningLine(server, stack));
   return server;
+}
+
+/** A forked worker: the kind's server with its link; the primary prints the listening line. */
+async function startWorker(
+  kind: ServerKindModule,
+  stack: StackSettings,
+  settings: ServerSettings,
+  options: FromStackOptions,
+): Promise<RunningServer> {
+  const logger = options.logger ?? createLogger({ server: settings.name, kind: settings.kind });
+  const link = workerLinkFromEnv(logger, settings.kind);
+  const index = link?.index ?? Number(process.env[WORKER_INDEX_ENV]);
+  const server = await kind.fromStack(stack, settings.name, {
+    ...options,
+    worker: { index, link },
+  });
+  return {
+    ...pickRunning(server),
+    close: async () => {
+      await server.close();
+      await link?.detach();
+    },
+  };
+}
+
+/** The primary of several workers: the coordinator and the forked workers; it serves no HTTP. */
+async function startPrimary(
+  workers: WorkersSupport,
+  stack: StackSettings,
+  settings: ServerSettings,
+  options: FromStackOptions,
+): Promise<RunningServer> {
+  const logger = options.logger ?? createLogger({ server: settings.name, kind: settings.kind });
+  const coordinator = stack.checkpoint
+    ? workers.coordinator(stack, settings.name, { expectedWorkers: settings.numWorkers, logger })
+    : undefined;
+  const primary = await startWorkers({
+    settings: options.port === undefined ? settings : { ...settings, port: options.port },
+    checkpoint: stack.checkpoint,
+    coordinator,
+    logger,
+  });
+  const { host, port, url } = primary;
+  return { name: settings.name, kind: settings.kind, host, port, url, close: primary.close };
+}
+
+function pickRunning(server: RunningServer): Omit<RunningServer, 'close'> {
+  const { name, kind, host, port, url } = server;
+  return { name, kind, host, port, url };
 }
 
 /**

@@ -19,6 +19,7 @@ import type { Duplex } from 'node:stream';
 import express, { type Express } from 'express';
 
 import { ControlPlane, type ControlPlaneOptions, installControlPlane } from './control/index.js';
+import type { ControlTarget } from './control/routes.js';
 import {
   type CkptGymError,
   ConfigError,
@@ -44,6 +45,11 @@ export interface GymAppOptions<R extends CheckpointRecord> {
   /** Undefined when checkpointing is off: no control routes, no participant. */
   checkpoint: CheckpointSettings | undefined;
   participant?: Participant<R>;
+  /**
+   * In a worker of a server with several workers: the control routes forward to the coordinator
+   * (`WorkerLink.controlTarget()`) and the worker has no plane of its own; `participant` is unused.
+   */
+  control?: ControlTarget;
   logger?: Logger;
   plane?: Omit<
     ControlPlaneOptions,
@@ -97,7 +103,9 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
   });
 
   let plane: ControlPlane<R> | undefined;
-  if (options.checkpoint) {
+  if (options.checkpoint && options.control) {
+    installControlPlane(app, options.control, options.checkpoint.controlAuthToken, { logger });
+  } else if (options.checkpoint) {
     if (!options.participant) {
       throw new ConfigError(
         `server ${options.name}: checkpointing is on but it has no participant`,

@@ -31,6 +31,7 @@ export {
   CheckpointStateError,
   CkptGymError,
   ConfigError,
+  CoordinatorUnavailableError,
   DeadlineExceededError,
   ERROR_CATALOGUE,
   type ErrorBody,

@@ -61,7 +61,13 @@ export {
   type ResumeReply,
   type StatusReply,
 } from '../control/replies.js';
-export { bearerAuth, type ControlRouterOptions, installControlPlane } from '../control/routes.js';
+export {
+  bearerAuth,
+  type ControlRouterOptions,
+  type ControlTarget,
+  installControlPlane,
+  planeTarget,
+} from '../control/routes.js';
 export { type ControlStorage, type ParticipantStorageOptions } from '../control/storage.js';
 export { type ErrorLogger, errorMiddleware, jsonBody, notFoundMiddleware } from '../express.js';
 export { fsyncDirectory } from '../fsync.js';
@@ -96,9 +102,12 @@ export {
   listeningLine,
   runServerMain,
   runServerProcess,
+  type RunningServer,
   type ServerKindModule,
   serverOfKind,
   startServerMain,
+  type WorkerContext,
+  type WorkersSupport,
 } from '../server-kind.js';
 export {
   answerParserErrorsAsJson,
@@ -169,3 +178,45 @@ export {
   WriteStop,
 } from '../store.js';
 export { closest, didYouMean, editDistance } from '../suggest.js';
+export { Channel, type ChannelOptions } from '../workers/channel.js';
+export {
+  WorkerCoordinator,
+  type WorkerCoordinatorOptions,
+  type WorkerMessage,
+} from '../workers/coordinator.js';
+export {
+  type CoordinatorServer,
+  type ForwardedControl,
+  serveCoordinator,
+} from '../workers/coordinator-server.js';
+export { encodeFrame, FrameError, FrameReader, MAX_FRAME_BYTES } from '../workers/frames.js';
+export { type MarksRelay, RelayedMarks } from '../workers/marks.js';
+export {
+  cleanStaleRuntimeDirs,
+  createRuntimeDir,
+  type RuntimeDir,
+} from '../workers/runtime-dir.js';
+export {
+  type ChannelError,
+  type ChannelHandler,
+  type ChannelMessage,
+  type ChannelReply,
+  type ChannelRequest,
+  COORDINATOR_SOCKET_ENV,
+  type CoordinatorHooks,
+  type ImmediateHandler,
+  type JoinState,
+  LAYER_MESSAGES,
+  type LayerMessage,
+  MESSAGE_TIMEOUT_MS,
+  type NumberedReport,
+  REPLY_GRACE_MS,
+  type WorkerAdmissionRequest,
+  WORKER_INDEX_ENV,
+  type WorkerInfo,
+  type WorkerRegistration,
+  type WorkerReport,
+  type WorkerSide,
+  type WorkerStatus,
+} from '../workers/types.js';
+export { WorkerLink, type WorkerLinkOptions } from '../workers/worker-link.js';

@@ -13,7 +13,7 @@ import { ConfigError, UnauthorizedError } from '../errors.js';
 import { errorMiddleware, jsonBody, requestSignal } from '../express.js';
 import type { Logger } from '../logging.js';
 import type { CheckpointRecord } from '../store.js';
-import type { ControlPlane } from './plane.js';
+import { ControlPlane } from './plane.js';
 import {
   CONTROL_ROUTES,
   CONTROL_VALIDATORS,
@@ -74,6 +74,26 @@ export function bearerAuth(token: string): RequestHandler {
   };
 }
 
+/**
+ * Where the control routes send a call once the bearer token is checked: the process's own plane
+ * (`planeTarget`), or — in a worker of a server with several workers — the link that forwards it
+ * to the coordinator's plane, so the caller gets exactly what that plane replies.
+ */
+export interface ControlTarget {
+  status(): object | Promise<object>;
+  /** Runs one POST route on its body as received (the plane validates it once). */
+  call(route: ControlRoute, body: unknown, signal: AbortSignal): Promise<object>;
+}
+
+/** The control target of a plane: validates the body once, then runs the route. */
+export function planeTarget<R extends CheckpointRecord>(plane: ControlPlane<R>): ControlTarget {
+  return {
+    status: () => plane.status(),
+    // Looked up per request (not captured) so the one validation is observable.
+    call: (route, body, signal) => dispatch(plane, route, CONTROL_VALIDATORS[route](body), signal),
+  };
+}
+
 function dispatch<R extends CheckpointRecord>(
   plane: ControlPlane<R>,
   route: ControlRoute,
@@ -99,23 +119,22 @@ function dispatch<R extends CheckpointRecord>(
 }
 
 export function controlRouter<R extends CheckpointRecord>(
-  plane: ControlPlane<R>,
+  plane: ControlPlane<R> | ControlTarget,
   options: ControlRouterOptions,
 ): Router {
+  const target = plane instanceof ControlPlane ? planeTarget(plane) : plane;
   if (!options.token) {
     throw new ConfigError('checkpoint control routes need a non-empty control_auth_token');
   }
   const router = express.Router();
   router.use(bearerAuth(options.token));
   const json = jsonBody(options.bodyLimit ?? DEFAULT_CONTROL_BODY_LIMIT);
-  router.get('/status', (_req, res) => {
-    res.json(plane.status());
+  router.get('/status', async (_req, res) => {
+    res.json(await target.status());
   });
   for (const route of CONTROL_ROUTES) {
     router.post(`/${route}`, json, async (req, res) => {
-      // Looked up per request (not captured) so the one validation is observable.
-      const body = CONTROL_VALIDATORS[route](req.body);
-      res.json(await dispatch(plane, route, body, requestSignal(req, res)));
+      res.json(await target.call(route, req.body, requestSignal(req, res)));
     });
   }
   router.use(errorMiddleware(options.logger));
@@ -128,7 +147,7 @@ export function controlRouter<R extends CheckpointRecord>(
  */
 export function installControlPlane<R extends CheckpointRecord>(
   app: Express,
-  plane: ControlPlane<R>,
+  plane: ControlPlane<R> | ControlTarget,
   token: string,
   options: Omit<ControlRouterOptions, 'token'> = {},
 ): void {

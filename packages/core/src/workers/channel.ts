@@ -1,0 +1,230 @@
+/**
+ * Request and reply messages in both directions over one Unix-socket connection (one per worker).
+ * A request's send and its reply share one timeout; a timeout or a lost connection is a typed,
+ * retryable `checkpoint_coordinator_unavailable`. A handler's typed error is the caller's typed
+ * error; an untyped throw is `checkpoint_error`; a reply that cannot be framed is answered with a
+ * typed `invalid_checkpoint_state` error instead, so the caller never waits to its deadline.
+ */
+import type { Socket } from 'node:net';
+
+import {
+  CheckpointError,
+  CheckpointStateError,
+  CkptGymError,
+  CoordinatorUnavailableError,
+  isErrorCode,
+} from '../errors.js';
+import type { JsonValue } from '../json.js';
+import type { Logger } from '../logging.js';
+import { encodeFrame, FrameReader } from './frames.js';
+import type {
+  ChannelError,
+  ChannelHandler,
+  ChannelReply,
+  ChannelRequest,
+  ImmediateHandler,
+} from './types.js';
+import { MESSAGE_TIMEOUT_MS } from './types.js';
+
+export interface ChannelOptions {
+  readonly handler: ChannelHandler;
+  readonly immediate?: ImmediateHandler;
+  readonly logger?: Logger;
+  /** Names the other end in errors ("the coordinator", "model worker 2"). */
+  readonly peer?: string;
+  /** Frame limit (default MAX_FRAME_BYTES); smaller only in tests. */
+  readonly maxFrameBytes?: number;
+}
+
+interface Pending {
+  readonly kind: string;
+  resolve(body: JsonValue): void;
+  reject(err: Error): void;
+}
+
+/** The typed error a reply carries, as the error it was raised as on the other side. */
+export function errorOfReply(error: ChannelError): CkptGymError {
+  return isErrorCode(error.code)
+    ? new CkptGymError(error.code, error.detail)
+    : new CheckpointError(`${error.code}: ${error.detail}`);
+}
+
+/** What a handler's throw is answered with: its typed error, or `checkpoint_error`. */
+export function replyError(err: unknown): ChannelError {
+  const typed = err instanceof CkptGymError ? err : new CheckpointError(describeThrow(err));
+  return { status: typed.status, code: typed.code, detail: typed.detail };
+}
+
+function describeThrow(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+function isReply(message: JsonValue): message is ChannelReply & JsonValue {
+  return typeof message === 'object' && message !== null && 'reply_to' in message;
+}
+
+export class Channel {
+  readonly #socket: Socket;
+  readonly #options: ChannelOptions;
+  readonly #reader: FrameReader;
+  readonly #pending = new Map<number, Pending>();
+  readonly #closeListeners = new Set<() => void>();
+  #nextId = 0;
+  #closed = false;
+
+  constructor(socket: Socket, options: ChannelOptions) {
+    this.#socket = socket;
+    this.#options = options;
+    this.#reader = new FrameReader(options.maxFrameBytes);
+    socket.on('data', (chunk: Buffer) => this.#receive(chunk));
+    socket.on('error', () => socket.destroy());
+    socket.on('close', () => this.#onClose());
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Calls `listener` once the connection closed (at once if it has). */
+  onClose(listener: () => void): void {
+    if (this.#closed) listener();
+    else this.#closeListeners.add(listener);
+  }
+
+  /**
+   * Sends a request and waits for its reply, both within `timeoutMs`. Rejects with the reply's
+   * typed error, or `CoordinatorUnavailableError` on a timeout or a lost connection.
+   */
+  call(kind: string, body: JsonValue, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
+    if (this.#closed) return Promise.reject(this.#unavailable(kind, 'the connection is closed'));
+    this.#nextId += 1;
+    const id = this.#nextId;
+    return new Promise<JsonValue>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.#pending.delete(id);
+        reject(this.#unavailable(kind, `no reply within ${timeoutMs} ms`));
+      }, timeoutMs);
+      const settle =
+        <T>(fn: (value: T) => void) =>
+        (value: T): void => {
+          clearTimeout(timer);
+          this.#pending.delete(id);
+          fn(value);
+        };
+      this.#pending.set(id, { kind, resolve: settle(resolve), reject: settle(reject) });
+      let frame: Buffer;
+      try {
+        frame = encodeFrame(
+          { id, kind, body } satisfies ChannelRequest,
+          this.#options.maxFrameBytes,
+        );
+      } catch (err) {
+        settle(reject)(
+          new CheckpointStateError(`message ${kind} cannot be framed: ${describeThrow(err)}`),
+        );
+        return;
+      }
+      this.#socket.write(frame);
+    });
+  }
+
+  /** Ends the connection (a clean close: the other end sees it close). */
+  close(): void {
+    this.#socket.end();
+  }
+
+  /** Drops the connection at once. */
+  destroy(): void {
+    this.#socket.destroy();
+  }
+
+  #unavailable(kind: string, why: string): CoordinatorUnavailableError {
+    const peer = this.#options.peer ?? 'the other process';
+    return new CoordinatorUnavailableError(`checkpoint message ${kind} to ${peer} failed: ${why}`);
+  }
+
+  #receive(chunk: Buffer): void {
+    let messages: JsonValue[];
+    try {
+      messages = this.#reader.push(chunk);
+    } catch (err) {
+      this.#options.logger?.error('checkpoint channel frame rejected; closing the connection', {
+        error: describeThrow(err),
+      });
+      this.#socket.destroy();
+      return;
+    }
+    for (const message of messages) {
+      if (isReply(message)) this.#settle(message);
+      else this.#serve(message as unknown as ChannelRequest);
+    }
+  }
+
+  #settle(reply: ChannelReply): void {
+    const pending = this.#pending.get(reply.reply_to);
+    if (!pending) return;
+    if (reply.ok) pending.resolve(reply.body);
+    else pending.reject(errorOfReply(reply.error));
+  }
+
+  #serve(request: ChannelRequest): void {
+    const { immediate, handler } = this.#options;
+    if (immediate) {
+      let body: JsonValue | undefined;
+      try {
+        body = immediate(request.kind, request.body);
+      } catch (err) {
+        this.#reply(request, { reply_to: request.id, ok: false, error: replyError(err) });
+        return;
+      }
+      if (body !== undefined) {
+        this.#reply(request, { reply_to: request.id, ok: true, body });
+        return;
+      }
+    }
+    handler(request.kind, request.body).then(
+      (body) => this.#reply(request, { reply_to: request.id, ok: true, body }),
+      (err: unknown) => {
+        if (!(err instanceof CkptGymError)) {
+          this.#options.logger?.error('checkpoint message failed', {
+            kind: request.kind,
+            error: describeThrow(err),
+          });
+        }
+        this.#reply(request, { reply_to: request.id, ok: false, error: replyError(err) });
+      },
+    );
+  }
+
+  /** Writes the reply, or a typed error when it cannot be framed. Each frame is written whole. */
+  #reply(request: ChannelRequest, reply: ChannelReply): void {
+    if (this.#closed) return;
+    let frame: Buffer;
+    try {
+      frame = encodeFrame(reply, this.#options.maxFrameBytes);
+    } catch (err) {
+      this.#options.logger?.error('checkpoint reply cannot be framed', {
+        kind: request.kind,
+        error: describeThrow(err),
+      });
+      const error = replyError(
+        new CheckpointStateError(
+          `the reply to ${request.kind} cannot be framed: ${describeThrow(err)}`,
+        ),
+      );
+      frame = encodeFrame({ reply_to: request.id, ok: false, error } satisfies ChannelReply);
+    }
+    this.#socket.write(frame);
+  }
+
+  #onClose(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    for (const [, pending] of this.#pending) {
+      pending.reject(this.#unavailable(pending.kind, 'the connection closed'));
+    }
+    this.#pending.clear();
+    for (const listener of this.#closeListeners) listener();
+    this.#closeListeners.clear();
+  }
+}

@@ -1,0 +1,118 @@
+import { CkptGymError, StaleAttemptError } from '../../src/errors.js';
+import { Channel } from '../../src/workers/channel.js';
+import { encodeFrame, FrameReader } from '../../src/workers/frames.js';
+import { MemoryLogger } from '../support/test-participant.js';
+import { channelPair, socketPair, useSockets } from './sockets.js';
+
+useSockets();
+
+/** The typed error a promise rejects with, as code and status. */
+async function refusal(p: Promise<unknown>): Promise<[string, number]> {
+  try {
+    await p;
+  } catch (err) {
+    if (err instanceof CkptGymError) return [err.code, err.status];
+    throw err;
+  }
+  throw new Error('resolved, expected a typed refusal');
+}
+
+describe('the worker channel', () => {
+  test('a reply that cannot be framed is answered with a typed 422 invalid_checkpoint_state, not a hang', async () => {
+    const logger = new MemoryLogger();
+    const { a } = await channelPair({
+      logger,
+      handler: async () => ({ when: new Date() }) as never,
+    });
+    // A long timeout: the typed reply, not the timeout, must end the call.
+    await expect(refusal(a.call('export', {}, 60_000))).resolves.toEqual([
+      'invalid_checkpoint_state',
+      422,
+    ]);
+    expect(logger.lines.map((l) => l.message)).toContain('checkpoint reply cannot be framed');
+  });
+
+  test('a reply longer than the frame limit is a typed 422 error too', async () => {
+    const { a } = await channelPair({
+      maxFrameBytes: 200,
+      handler: async () => ({ text: 'x'.repeat(1000) }),
+    });
+    await expect(refusal(a.call('export', {}, 60_000))).resolves.toEqual([
+      'invalid_checkpoint_state',
+      422,
+    ]);
+  });
+
+  test('no reply within the timeout is a retryable 503 checkpoint_coordinator_unavailable', async () => {
+    const { a } = await channelPair({ handler: () => new Promise(() => {}) });
+    await expect(refusal(a.call('claim', {}, 100))).resolves.toEqual([
+      'checkpoint_coordinator_unavailable',
+      503,
+    ]);
+  });
+
+  test('a connection lost while a call waits fails it with checkpoint_coordinator_unavailable', async () => {
+    const { a, b } = await channelPair({ handler: () => new Promise(() => {}) });
+    const call = refusal(a.call('close', {}, 60_000));
+    setTimeout(() => b.destroy(), 20);
+    await expect(call).resolves.toEqual(['checkpoint_coordinator_unavailable', 503]);
+    await expect(refusal(a.call('open', {}))).resolves.toEqual([
+      'checkpoint_coordinator_unavailable',
+      503,
+    ]);
+  });
+
+  test("a handler's typed error reaches the caller with its code; an untyped throw is checkpoint_error", async () => {
+    const { a } = await channelPair({
+      handler: async (kind) => {
+        if (kind === 'typed') throw new StaleAttemptError('attempt r1#0 was retired');
+        throw new Error('boom');
+      },
+    });
+    const typed = await a.call('typed', {}).catch((e: unknown) => e);
+    expect(typed).toBeInstanceOf(CkptGymError);
+    expect([(typed as CkptGymError).code, (typed as CkptGymError).detail]).toEqual([
+      'stale_attempt',
+      'attempt r1#0 was retired',
+    ]);
+    await expect(refusal(a.call('untyped', {}))).resolves.toEqual(['checkpoint_error', 409]);
+  });
+
+  test('an immediate reply is written before any message the other end sends after it', async () => {
+    const [raw, served] = await socketPair();
+    // The coordinator's side: a claim is answered at once, and the same tick starts a close.
+    const b: Channel = new Channel(served, {
+      handler: async () => ({}),
+      immediate: (kind) => {
+        if (kind !== 'claim') return undefined;
+        queueMicrotask(() => void b.call('close', {}).catch(() => {}));
+        return { claimed: true };
+      },
+    });
+    const frames: unknown[] = [];
+    const reader = new FrameReader();
+    const two = new Promise<void>((resolve) => {
+      raw.on('data', (chunk: Buffer) => {
+        frames.push(...reader.push(chunk));
+        if (frames.length >= 2) resolve();
+      });
+    });
+    raw.write(encodeFrame({ id: 1, kind: 'claim', body: {} }));
+    await two;
+    expect(
+      frames.map((f) =>
+        'reply_to' in (f as object) ? 'claim reply' : (f as { kind: string }).kind,
+      ),
+    ).toEqual(['claim reply', 'close']);
+  });
+
+  test('a corrupt length prefix drops the connection and fails the waiting calls', async () => {
+    const [s1, s2] = await socketPair();
+    const a = new Channel(s1, { handler: () => new Promise(() => {}) });
+    const call = refusal(a.call('close', {}, 60_000));
+    const bad = Buffer.alloc(4);
+    bad.writeUInt32BE(0xffffffff, 0);
+    s2.write(bad);
+    await expect(call).resolves.toEqual(['checkpoint_coordinator_unavailable', 503]);
+  });
+});
