@@ -362,15 +362,25 @@ async function healthAnswer(url: string, signal: AbortSignal): Promise<HealthAns
 }
 
 /**
- * Polls `url` until `child` itself answers it (call it right after the spawn, before the child can
- * exit). The child's exit ends the wait at once (it aborts the request in flight), not at the
- * timeout; a reply from another process is kept to name it.
+ * Whether a server's log holds its listening line: `serve` prints it once the server accepts
+ * calls, and a server with several workers only once every worker listens (one alone answers
+ * `/health` before the others do).
+ */
+export function hasListeningLine(log: string): boolean {
+  return log.split('\n').some((line) => line.startsWith('{"event":"listening"'));
+}
+
+/**
+ * Polls `url` until `child` itself answers it and `announced()` holds (call it right after the
+ * spawn, before the child can exit). The child's exit ends the wait at once (it aborts the request
+ * in flight), not at the timeout; a reply from another process is kept to name it.
  */
 export async function awaitOwnHealth(
   proc: ChildProcess,
   child: LaunchedChild,
   url: string,
   timeoutMs = HEALTH_TIMEOUT_MS,
+  announced: () => boolean = () => true,
 ): Promise<HealthOutcome> {
   const exited = new AbortController();
   let exit: string | undefined;
@@ -383,8 +393,8 @@ export async function awaitOwnHealth(
   while (exit === undefined && Date.now() < until) {
     const answer = await healthAnswer(url, exited.signal);
     if (answer !== undefined && exit === undefined) {
-      if (provesLaunchedChild(answer.body, child)) return { kind: 'healthy' };
-      answeredBy = answererOf(answer);
+      if (!provesLaunchedChild(answer.body, child)) answeredBy = answererOf(answer);
+      else if (announced()) return { kind: 'healthy' };
     }
     await delay(50, undefined, { signal: exited.signal }).catch(() => undefined);
   }
@@ -478,7 +488,9 @@ class RunningStack implements StackHandle {
     child.unref();
     const url = serverUrl(this.stack, name);
     const health = healthUrl(url);
-    const outcome = await awaitOwnHealth(child, { pid, launchId }, health);
+    const outcome = await awaitOwnHealth(child, { pid, launchId }, health, HEALTH_TIMEOUT_MS, () =>
+      hasListeningLine(logSince(logPath, logStart)),
+    );
     if (outcome.kind !== 'healthy') {
       if (outcome.kind === 'timeout') signalGroup(pid, 'SIGKILL');
       const server = { name, host: settings.host, port: settings.port, healthUrl: health };

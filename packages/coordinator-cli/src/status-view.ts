@@ -114,14 +114,33 @@ export function watchedServer(row: ServerStatus): WatchedServer {
   };
 }
 
-/** `2/2 ready`, `1/2 ready, 1 lost`; `-` for a server of one process. */
-export function formatWorkers(view: WorkersView | null): string {
-  if (view === null) return '-';
-  const ready = view.workers.filter((worker) => worker.ready).length;
-  return `${ready}/${view.expected} ready${view.lost > 0 ? `, ${view.lost} lost` : ''}`;
+/**
+ * Whether the server's workers report readiness: only while a checkpoint is open (idle, their
+ * reports are not kept, so none of them reads as ready).
+ */
+function reportsReadiness(server: Pick<WatchedServer, 'phase'>): boolean {
+  return server.phase !== 'idle';
 }
 
-/** The workers of the servers that run several, one row each; empty when none does. */
+/**
+ * `2/2 up`, with a checkpoint open `2/2 up, 1 ready`, and `, 1 lost` once one left; `-` for a
+ * server of one process.
+ */
+export function formatWorkers(server: Pick<WatchedServer, 'phase' | 'workers'>): string {
+  const view = server.workers;
+  if (view === null) return '-';
+  const ready = view.workers.filter((worker) => worker.ready).length;
+  return (
+    `${view.workers.length}/${view.expected} up` +
+    (reportsReadiness(server) ? `, ${ready} ready` : '') +
+    (view.lost > 0 ? `, ${view.lost} lost` : '')
+  );
+}
+
+/**
+ * The workers of the servers that run several, one row each (READY `-` while no checkpoint is
+ * open); empty when none does.
+ */
 export function workersTable(servers: readonly WatchedServer[]): string {
   const rows = servers.flatMap((s) =>
     s.workers !== null && Math.max(s.workers.expected, s.workers.workers.length) > 1
@@ -129,7 +148,7 @@ export function workersTable(servers: readonly WatchedServer[]): string {
           s.server,
           String(w.index),
           String(w.pid),
-          w.ready ? 'yes' : 'no',
+          reportsReadiness(s) ? (w.ready ? 'yes' : 'no') : '-',
         ])
       : [],
   );
@@ -170,7 +189,7 @@ export function watchFrame(title: string, servers: readonly WatchedServer[]): st
         count(s.inflight),
         count(s.held),
         count(s.waiting),
-        formatWorkers(s.workers),
+        formatWorkers(s),
       ]),
     ),
     ...(last.length > 0
@@ -190,7 +209,7 @@ export function watchLine(at: Date, servers: readonly WatchedServer[]): string {
       `inflight=${count(s.inflight)}`,
       `held=${count(s.held)}`,
       `waiting=${count(s.waiting)}`,
-      ...(s.workers === null ? [] : [`workers=${formatWorkers(s.workers).replaceAll(' ', '_')}`]),
+      ...(s.workers === null ? [] : [`workers=${formatWorkers(s).replaceAll(' ', '_')}`]),
       ...(s.last_checkpoint === null ? [] : [`last=${s.last_checkpoint.checkpoint_id}`]),
       ...lastCheckpointParts(s.last_checkpoint).map((part) => `[${part}]`),
       ...(s.error === undefined ? [] : [`error=${JSON.stringify(s.error)}`]),

@@ -116,7 +116,7 @@ describe('discover and status', () => {
     expect(servers.find((s) => s.server === 'plain')?.participant).toBe(false);
   });
 
-  test('status lists the workers of a server that runs several, with pid and readiness', async () => {
+  test('status lists the workers of a server that runs several, with their pids (idle: no readiness)', async () => {
     stack.participant('policy').statusFields = {
       workers: [
         { index: 0, pid: 4101, ready: true },
@@ -130,8 +130,8 @@ describe('discover and status', () => {
     const workers = run.stdout.split('\n\nworkers:\n')[1] ?? '';
     expect(workers.trimEnd().split('\n')).toEqual([
       'SERVER  WORKER  PID   READY',
-      'policy  0       4101  yes',
-      'policy  1       4102  no',
+      'policy  0       4101  -',
+      'policy  1       4102  -',
     ]);
   });
 

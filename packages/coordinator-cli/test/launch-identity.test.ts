@@ -7,11 +7,13 @@ import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 
 import { LAUNCH_ID_ENV } from '@ckpt-gym/core/server';
+import { until } from '@ckpt-gym/testing';
 
 import {
   answererOf,
   awaitOwnHealth,
   freePort,
+  hasListeningLine,
   launchFailure,
   listenErrorCode,
   parentPid,
@@ -67,6 +69,21 @@ describe('provesLaunchedChild, a server with several workers', () => {
     expect(
       provesLaunchedChild({ ...REPLY, pid: process.ppid }, { ...child, pid: process.pid }),
     ).toBe(false);
+  });
+});
+
+describe('hasListeningLine', () => {
+  test("finds serve's listening line among the log's lines", () => {
+    const line = '{"event":"listening","server":"policy","kind":"model","port":1}';
+    expect(hasListeningLine(`{"level":"info","message":"x"}\n${line}\n`)).toBe(true);
+    expect(hasListeningLine(line)).toBe(true);
+  });
+
+  test('a log without it, or naming it elsewhere in a line, has none', () => {
+    expect(hasListeningLine('')).toBe(false);
+    expect(hasListeningLine('{"level":"info","message":"{\\"event\\":\\"listening\\"}"}\n')).toBe(
+      false,
+    );
   });
 });
 
@@ -202,6 +219,33 @@ describe('awaitOwnHealth against real processes', () => {
       NEVER_MS,
     );
     expect(outcome).toEqual({ kind: 'healthy' });
+  });
+
+  test('a child answering its health route is not up before its listening line (every worker listening)', async () => {
+    const port = await freePort('127.0.0.1');
+    const child = node(serveScript(port), { [LAUNCH_ID_ENV]: 'mine' });
+    let announced = false;
+    let settled = false;
+    const waiting = awaitOwnHealth(
+      child,
+      { pid: child.pid!, launchId: 'mine' },
+      `http://127.0.0.1:${port}/health`,
+      NEVER_MS,
+      () => announced,
+    ).finally(() => (settled = true));
+    await until(
+      () =>
+        fetch(`http://127.0.0.1:${port}/health`).then(
+          (r) => r.ok,
+          () => false,
+        ),
+      'the child answers its health route',
+    );
+    // Several polls of its proven health reply later, still waiting for the line.
+    await new Promise((done) => setTimeout(done, 300));
+    expect(settled).toBe(false);
+    announced = true;
+    expect(await waiting).toEqual({ kind: 'healthy' });
   });
 
   test('a child that dies on a port another server answers ends the wait at its exit', async () => {

@@ -7,6 +7,7 @@ import {
   watchJsonLine,
   watchLine,
   workersOf,
+  workersTable,
 } from '../src/status-view.js';
 
 /** An operation that ended ok taking `ms`, with its stages (name and ms). */
@@ -117,10 +118,10 @@ describe('watchedServer', () => {
 describe('workers', () => {
   test('a status without workers is a server of one process', () => {
     expect(workersOf(agent.status!)).toBeNull();
-    expect(formatWorkers(null)).toBe('-');
+    expect(formatWorkers({ phase: 'idle', workers: null })).toBe('-');
   });
 
-  test('ready out of expected, and the lost ones', () => {
+  test('up out of expected, ready only while a checkpoint is open, and the lost ones', () => {
     const view = workersOf(policy.status!);
     expect(view).toEqual({
       workers: [
@@ -130,11 +131,27 @@ describe('workers', () => {
       expected: 2,
       lost: 1,
     });
-    expect(formatWorkers(view)).toBe('1/2 ready, 1 lost');
-    expect(formatWorkers({ ...view!, lost: 0 })).toBe('1/2 ready');
-    expect(formatWorkers(workersOf({ workers: [], lost_workers: [{ index: 0 }] }))).toBe(
-      '0/0 ready, 1 lost',
+    expect(formatWorkers({ phase: 'prepared', workers: view })).toBe('2/2 up, 1 ready, 1 lost');
+    expect(formatWorkers({ phase: 'prepared', workers: { ...view!, lost: 0 } })).toBe(
+      '2/2 up, 1 ready',
     );
+    expect(formatWorkers({ phase: 'idle', workers: { ...view!, lost: 0 } })).toBe('2/2 up');
+    const left = workersOf({
+      workers: [{ index: 1, pid: 11, ready: false }],
+      expected_workers: 2,
+      lost_workers: 1,
+    });
+    expect(formatWorkers({ phase: 'idle', workers: left })).toBe('1/2 up, 1 lost');
+  });
+
+  test('the workers table: READY is - while no checkpoint is open', () => {
+    const idle = watchedServer({ ...policy, status: { ...policy.status, phase: 'idle' } });
+    expect(workersTable([idle]).split('\n')).toEqual([
+      'SERVER  WORKER  PID  READY',
+      'policy  0       11   -',
+      'policy  1       12   -',
+    ]);
+    expect(workersTable([watchedServer(agent)])).toBe('');
   });
 });
 
@@ -148,7 +165,7 @@ describe('renderings', () => {
     expect(line).toBe(
       '2026-12-01T17:00:00.000Z ' +
         'policy phase=prepared checkpoint=c2 inflight=5 held=2 waiting=1 ' +
-        'workers=1/2_ready,_1_lost last=c1 ' +
+        'workers=2/2_up,_1_ready,_1_lost last=c1 ' +
         '[prepare ok 12 ms (close_admission 1, readiness_wait 11)] ' +
         '[commit ok 40 ms (export 20, records_write 18)] | ' +
         'agent phase=idle inflight=4 held=- waiting=3 | ' +
@@ -168,7 +185,7 @@ describe('renderings', () => {
       'title',
       '',
       'SERVER  KIND         PHASE     CHECKPOINT  INFLIGHT  HELD  WAITING  WORKERS',
-      'policy  model        prepared  c2          5         2     1        1/2 ready, 1 lost',
+      'policy  model        prepared  c2          5         2     1        2/2 up, 1 ready, 1 lost',
       'agent   agent        idle      -           4         -     3        -',
       'env     environment  error     -           -         -     -        -',
       '',
