@@ -17,6 +17,8 @@ export interface StackOptions {
   checkpointVerify?: 'wait' | 'replay';
   /** `checkpoint_generation_cuts` on the policy model. */
   generationCuts?: boolean;
+  /** The policy model's `num_workers` (one process, no coordinator, unless above 1). */
+  policyWorkers?: number;
   /**
    * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
    * and Simple Agent takes them over MCP (`direct_http` by default).
@@ -57,6 +59,7 @@ function common(options: StackOptions, agentResources: string, inferencePort: nu
       backend_url: `http://127.0.0.1:${inferencePort}/v1`,
       checkpoint_policy: true,
       checkpoint_generation_cuts: options.generationCuts ?? false,
+      ...(options.policyWorkers === undefined ? {} : { num_workers: options.policyWorkers }),
     }),
     server('simple_agent', {
       kind: 'agent',

@@ -21,6 +21,7 @@ import {
   type StackSettings,
   bearerAuth,
   createLogger,
+  type WorkerLink,
 } from '@ckpt-gym/core/server';
 import express, { type ErrorRequestHandler, type Express, type Router } from 'express';
 
@@ -30,6 +31,7 @@ import { PolicyGate } from './gate.js';
 import { CaptureLedger } from './ledger.js';
 import { type ModelRecord, PolicyParticipant } from './participant.js';
 import { createProxyRouter } from './proxy.js';
+import { PolicyWorker } from './worker.js';
 
 export const CAPTURE_CONTROL_PREFIX = '/training-token-capture/control';
 export const MAX_REMOVAL_BATCH = 4096;
@@ -44,10 +46,17 @@ export interface PolicyModelServer {
   /** Present when token capture is on. */
   readonly ledger: CaptureLedger | undefined;
   readonly config: PolicyModelConfig;
+  /** In a worker of a server with several workers: its share of the participant, to attach. */
+  readonly worker: PolicyWorker | undefined;
 }
 
 export interface PolicyModelOptions {
   logger?: Logger;
+  /**
+   * In a worker of a server with several workers: its link to the coordinator. The worker then
+   * has no participant of its own; its control routes forward to the coordinator.
+   */
+  link?: WorkerLink | undefined;
 }
 
 /** Builds the server's express app (listen on it with core's `listen`). */
@@ -82,16 +91,23 @@ export async function createPolicyModelServer(
   }
 
   let participant: PolicyParticipant | undefined;
+  let worker: PolicyWorker | undefined;
   const gate = new PolicyGate(() => participant?.changed());
-  if (joins) participant = new PolicyParticipant(server.name, gate, ledger, cuts);
+  if (joins && options.link) {
+    worker = new PolicyWorker({ policy: gate, link: options.link, ledger, cuts, logger });
+  } else if (joins) {
+    participant = new PolicyParticipant(server.name, gate, ledger, cuts);
+  }
 
   const gym = createGymApp<ModelRecord>({
     name: server.name,
     kind: 'model',
     checkpoint: joins ? stack.checkpoint : undefined,
     participant,
+    ...(worker && options.link ? { control: options.link.controlTarget() } : {}),
     logger,
   });
+  const hooks = participant ?? worker;
 
   const token = config.captureControlToken ?? stack.checkpoint?.controlAuthToken;
   if (ledger && token !== undefined) {
@@ -105,12 +121,22 @@ export async function createPolicyModelServer(
       gate,
       ledger,
       cuts,
-      ...(participant ? { afterAdmit: participant.afterAdmit.bind(participant) } : {}),
+      ...(hooks ? { afterAdmit: hooks.afterAdmit.bind(hooks) } : {}),
+      ...(worker ? { onUnusedCut: worker.giveBack.bind(worker) } : {}),
       logger: gym.logger,
     }),
   );
   gym.finish();
-  return { app: gym.app, logger: gym.logger, gate, participant, plane: gym.plane, ledger, config };
+  return {
+    app: gym.app,
+    logger: gym.logger,
+    gate,
+    participant,
+    plane: gym.plane,
+    ledger,
+    config,
+    worker,
+  };
 }
 
 /** The ids of a removal body: `{"rollout_ids": [1..4096 strings]}`, nothing else. */

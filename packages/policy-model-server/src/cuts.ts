@@ -43,10 +43,21 @@ export interface CutRecord {
   continuation: GenerationCutContinuation;
 }
 
+/** A kept cut and the capture key it is kept under (a restored one: its replacement attempt). */
+export interface KeptCut {
+  readonly key: string;
+  readonly record: CutRecord;
+}
+
 interface CutEntry {
   record: CutRecord;
   /** The live call continuing (or owning) it; freed when that call leaves undelivered. */
   usedBy: string | null;
+  /**
+   * The call that claimed it from the coordinator of several workers (a restored cut has one
+   * owner): a call that used it never gives it back, so a retry regenerates.
+   */
+  claimedBy?: string;
 }
 
 /** The cut route of a backend: its OpenAI base URL without a trailing `/` and `/v1`. */
@@ -127,12 +138,41 @@ export class GenerationCuts {
     if (entry?.usedBy === ticket.id) this.#cuts.delete(key!);
   }
 
-  /** The call left: a cut it used and did not deliver stays for its retry. */
-  left(ticket: Ticket): void {
+  /**
+   * The call left: a cut it used and did not deliver stays for its retry, unless it was claimed
+   * from the coordinator (spent). Returns the claimed cut nothing used, for the coordinator.
+   */
+  left(ticket: Ticket): CutRecord | undefined {
     this.#calls.delete(ticket.id);
     const key = ticket.captureKey;
     const entry = key === undefined ? undefined : this.#cuts.get(key);
-    if (entry?.usedBy === ticket.id) entry.usedBy = null;
+    if (entry === undefined) return undefined;
+    if (entry.claimedBy !== undefined && entry.usedBy === ticket.id) {
+      this.#cuts.delete(key!);
+      return undefined;
+    }
+    if (entry.usedBy === ticket.id) entry.usedBy = null;
+    if (entry.claimedBy === ticket.id && entry.usedBy === null) {
+      this.#cuts.delete(key!);
+      return entry.record;
+    }
+    return undefined;
+  }
+
+  /**
+   * A restored cut the coordinator handed this worker's call before it registers; false (the
+   * caller gives it back) when the worker already keeps a cut of that capture key.
+   */
+  claimed(ticket: Ticket, record: CutRecord): boolean {
+    const key = ticket.captureKey;
+    if (key === undefined || this.#cuts.has(key)) return false;
+    this.#cuts.set(key, { record, usedBy: null, claimedBy: ticket.id });
+    return true;
+  }
+
+  /** The kept cuts by capture key (a worker's snapshot: its coordinator exports them). */
+  keptCuts(): KeptCut[] {
+    return [...this.#cuts].map(([key, entry]) => ({ key, record: entry.record }));
   }
 
   reopened(): void {

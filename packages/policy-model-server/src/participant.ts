@@ -30,7 +30,7 @@ import {
   RECORD_FIELDS_JSON,
   type RetiredMarks,
 } from '@ckpt-gym/core/server';
-import { type GenerationCuts, parseCutRecord } from './cuts.js';
+import { type CutRecord, type GenerationCuts, parseCutRecord } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import { type CaptureLedger, type LedgerTarget, RowTexts } from './ledger.js';
 
@@ -192,57 +192,22 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
   }
 
   async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
-    if (scope === null) {
-      throw new CheckpointError(
-        'model commit needs the episode_ids the controller continues from this checkpoint',
-      );
-    }
     // Rows are published only once a response starts, so an undelivered call has none; the
     // filter stays as a guard.
     const undelivered = this.gate.undeliveredCallIds();
-    if (!this.ledger) return [];
-    const keys = scope.map(captureKey);
-    const ledgers = await this.ledger.exportMany(keys, signal);
-    const records: ModelRecord[] = [];
-    for (const [i, episode] of scope.entries()) {
-      const ledger = ledgers[i] ?? { rows: [], lines: [] };
-      const rows: JsonObject[] = [];
-      const lines: string[] = [];
-      for (const [j, row] of ledger.rows.entries()) {
-        if (undelivered.has(String(row.model_call_id))) continue;
-        rows.push(row);
-        lines.push(ledger.lines[j]!);
-      }
-      const cut = this.cuts?.exportCut(keys[i] as string);
-      const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
-      if (rows.length > 0 || cuts.length > 0) {
-        const record: ModelRecord = { episode_id: episode, rows, generation_cuts: cuts };
-        // The rows' JSON is the ledger's, mostly taken when each row was appended.
-        record[RECORD_FIELDS_JSON] = [
-          '"rows":[',
-          lines.join(','),
-          `],"generation_cuts":${cuts.length === 0 ? '[]' : encodeJson(cuts)}`,
-        ];
-        records.push(record);
-      }
-    }
-    return records;
+    return exportModelRecords(this.ledger, checkedScope(scope), {
+      undelivered,
+      cutOf: (key) => this.cuts?.exportCut(key),
+      signal,
+    });
   }
 
   validateRecord(record: JsonObject, key: string): ModelRecord {
-    return checkedRecord(record.rows, record.generation_cuts ?? [], key);
+    return validateModelRecord(record, key);
   }
 
-  /**
-   * As `validateRecord` (the rows are decoded and checked now: the install writes them to the
-   * ledger files), keeping each row's JSON text so the install writes it without encoding it.
-   */
   validateRawRecord(record: RawRecord, key: string): ModelRecord {
-    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
-      return this.validateRecord(record.decode(), key);
-    const checked = checkedRecord(record.field('rows'), record.field('generation_cuts') ?? [], key);
-    checked[ROW_TEXTS] = record.fieldElements('rows')!;
-    return checked;
+    return validateRawModelRecord(record, key);
   }
 
   override checkRestore(): void {
@@ -254,33 +219,8 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
   }
 
   async install(records: ModelRecord[], scope: readonly EpisodeId[]): Promise<void> {
-    const withRows = records.filter((r) => r.rows.length > 0);
-    if (!this.ledger) {
-      if (withRows.length > 0) {
-        throw new CheckpointError(
-          'checkpoint holds capture-ledger rows but this model server has no capture ledger',
-        );
-      }
-    } else {
-      const byKey = new Map(records.map((r) => [captureKey(r.episode_id), r]));
-      const targets = new Map<string, LedgerTarget>();
-      // Every in-scope episode, with or without a record: the import also clears what dead
-      // executions left for its next attempts.
-      for (const episode of scope) {
-        const source = captureKey(episode);
-        targets.set(captureKey(nextAttempt(episode)), restoredRows(byKey.get(source), source));
-      }
-      // Attempts 0..N continue as N+1 and never write again.
-      await this.ledger.restore(targets, [], scope);
-    }
-    const inScope = new Set(scope.map(captureKey));
-    for (const record of records) {
-      const [cut] = record.generation_cuts;
-      const source = captureKey(record.episode_id);
-      if (cut && inScope.has(source)) {
-        this.cuts?.install(captureKey(nextAttempt(record.episode_id)), parseCutRecord(cut));
-      }
-    }
+    await installLedgers(this.ledger, records, scope);
+    for (const [target, cut] of restoredCuts(records, scope)) this.cuts?.install(target, cut);
     for (const episode of scope) this.#restoredTargets.add(captureKey(nextAttempt(episode)));
   }
 
@@ -314,15 +254,134 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
   }
 
   override commitReplyExtra(records: ModelRecord[]): Record<string, unknown> {
-    const byEpisode: Record<string, string[]> = {};
-    const all = new Set<string>();
-    for (const record of records) {
-      const keys = stagingKeysOf(record);
-      byEpisode[captureKey(record.episode_id)] = keys;
-      for (const k of keys) all.add(k);
-    }
-    return { staging_keys: [...all].sort(), staging_keys_by_episode: byEpisode };
+    return stagingKeysReply(records);
   }
+}
+
+/** A model commit names the episodes it continues (a null scope is refused). */
+export function checkedScope(scope: readonly EpisodeId[] | null): readonly EpisodeId[] {
+  if (scope === null) {
+    throw new CheckpointError(
+      'model commit needs the episode_ids the controller continues from this checkpoint',
+    );
+  }
+  return scope;
+}
+
+/** What the export leaves out and keeps: undelivered calls' rows, and the cut of each key. */
+export interface ExportParts {
+  readonly undelivered: ReadonlySet<string>;
+  readonly cutOf: (key: string) => CutRecord | undefined;
+  readonly signal: AbortSignal;
+}
+
+/**
+ * Each in-scope episode's record: its ledger rows minus the rows of calls not delivered, and its
+ * latest cut; an episode with neither has no record.
+ */
+export async function exportModelRecords(
+  ledger: CaptureLedger | undefined,
+  scope: readonly EpisodeId[],
+  { undelivered, cutOf, signal }: ExportParts,
+): Promise<ModelRecord[]> {
+  if (!ledger) return [];
+  const keys = scope.map(captureKey);
+  const ledgers = await ledger.exportMany(keys, signal);
+  const records: ModelRecord[] = [];
+  for (const [i, episode] of scope.entries()) {
+    const rows: JsonObject[] = [];
+    const lines: string[] = [];
+    const exported = ledgers[i] ?? { rows: [], lines: [] };
+    for (const [j, row] of exported.rows.entries()) {
+      if (undelivered.has(String(row.model_call_id))) continue;
+      rows.push(row);
+      lines.push(exported.lines[j]!);
+    }
+    const cut = cutOf(keys[i] as string);
+    const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
+    if (rows.length > 0 || cuts.length > 0) {
+      const record: ModelRecord = { episode_id: episode, rows, generation_cuts: cuts };
+      // The rows' JSON is the ledger's, mostly taken when each row was appended.
+      record[RECORD_FIELDS_JSON] = [
+        '"rows":[',
+        lines.join(','),
+        `],"generation_cuts":${cuts.length === 0 ? '[]' : encodeJson(cuts)}`,
+      ];
+      records.push(record);
+    }
+  }
+  return records;
+}
+
+export function validateModelRecord(record: JsonObject, key: string): ModelRecord {
+  return checkedRecord(record.rows, record.generation_cuts ?? [], key);
+}
+
+/**
+ * As `validateModelRecord` (the rows are decoded and checked now: the install writes them to the
+ * ledger files), keeping each row's JSON text so the install writes it without encoding it.
+ */
+export function validateRawModelRecord(record: RawRecord, key: string): ModelRecord {
+  if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+    return validateModelRecord(record.decode(), key);
+  const checked = checkedRecord(record.field('rows'), record.field('generation_cuts') ?? [], key);
+  checked[ROW_TEXTS] = record.fieldElements('rows')!;
+  return checked;
+}
+
+/**
+ * Installs each in-scope episode's rows under its next attempt (every in-scope episode, with or
+ * without a record: the import also clears what dead executions left for its next attempts);
+ * attempts 0..N continue as N+1 and never write again.
+ */
+export async function installLedgers(
+  ledger: CaptureLedger | undefined,
+  records: readonly ModelRecord[],
+  scope: readonly EpisodeId[],
+): Promise<void> {
+  if (!ledger) {
+    if (records.some((r) => r.rows.length > 0)) {
+      throw new CheckpointError(
+        'checkpoint holds capture-ledger rows but this model server has no capture ledger',
+      );
+    }
+    return;
+  }
+  const byKey = new Map(records.map((r) => [captureKey(r.episode_id), r]));
+  const targets = new Map<string, LedgerTarget>();
+  for (const episode of scope) {
+    const source = captureKey(episode);
+    targets.set(captureKey(nextAttempt(episode)), restoredRows(byKey.get(source), source));
+  }
+  await ledger.restore(targets, [], scope);
+}
+
+/** The restored cut of each in-scope record, under the attempt that continues its episode. */
+export function restoredCuts(
+  records: readonly ModelRecord[],
+  scope: readonly EpisodeId[],
+): [string, CutRecord][] {
+  const inScope = new Set(scope.map(captureKey));
+  const cuts: [string, CutRecord][] = [];
+  for (const record of records) {
+    const [cut] = record.generation_cuts;
+    if (cut && inScope.has(captureKey(record.episode_id))) {
+      cuts.push([captureKey(nextAttempt(record.episode_id)), parseCutRecord(cut)]);
+    }
+  }
+  return cuts;
+}
+
+/** The commit reply's staging keys: every one the checkpoint refers to, and by episode. */
+export function stagingKeysReply(records: readonly ModelRecord[]): Record<string, unknown> {
+  const byEpisode: Record<string, string[]> = {};
+  const all = new Set<string>();
+  for (const record of records) {
+    const keys = stagingKeysOf(record);
+    byEpisode[captureKey(record.episode_id)] = keys;
+    for (const k of keys) all.add(k);
+  }
+  return { staging_keys: [...all].sort(), staging_keys_by_episode: byEpisode };
 }
 
 function isJsonObject(value: unknown): value is JsonObject {

@@ -27,7 +27,7 @@ import {
 } from '@ckpt-gym/core/server';
 import express, { type Response, type Router } from 'express';
 
-import type { GenerationCuts } from './cuts.js';
+import type { CutRecord, GenerationCuts } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
 import {
@@ -56,6 +56,8 @@ export interface ProxyOptions {
   cuts?: GenerationCuts | undefined;
   /** Runs once a call is admitted, before it is forwarded (restored attempts mark themselves started). */
   afterAdmit?: (ticket: Ticket) => Promise<void>;
+  /** A restored cut the call claimed from its coordinator and did not use (several workers). */
+  onUnusedCut?: (ticket: Ticket, record: CutRecord) => void;
   logger: Logger;
 }
 
@@ -286,13 +288,20 @@ function generationRoute(options: ProxyOptions, backend: BackendClient, route: R
     episode: 'optional',
     body: { limit: GENERATION_BODY_LIMIT, parse: (body) => checkedGeneration(route, body) },
     admit: ({ episode, signal }) => gate.admit(episode, signal),
-    release: (ticket) => {
-      options.cuts?.left(ticket);
-      gate.exit(ticket);
-    },
+    release: (ticket) => releaseTicket(options, ticket),
     run: ({ body, res, signal }, ticket) => forward(options, backend, body, ticket, res, signal),
     reply: 'streamed',
   });
+}
+
+/** The ticket leaves the gate, even if giving back a claimed cut its call did not use fails. */
+function releaseTicket(options: ProxyOptions, ticket: Ticket): void {
+  try {
+    const unused = options.cuts?.left(ticket);
+    if (unused) options.onUnusedCut?.(ticket, unused);
+  } finally {
+    options.gate.exit(ticket);
+  }
 }
 
 function authHeaders(options: ProxyOptions): Record<string, string> {

@@ -1,0 +1,235 @@
+/**
+ * The rules of a policy model server with several workers, as small pure pieces (the coordinator
+ * and the worker links apply them; nothing here does I/O):
+ *
+ * - the workers' reports merge into one `PrepareReport` (core's coordinator blocks it while a
+ *   worker has not reported, or after one was lost while the checkpoint is open);
+ * - the commit's snapshots must come from every worker, none lost since admission closed:
+ *   otherwise the rows of a lost worker's undelivered calls would be exported as delivered;
+ * - restored attempts stop being pending at their first admitted call on any worker, and only the
+ *   first reopen after an install hands the workers its attempts;
+ * - a restored cut has one owner: a worker claims it before its call runs, a call that used it
+ *   never gives it back;
+ * - a model server refuses to restore once any worker served a call, or once any worker left.
+ */
+import { CheckpointError, covers, type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
+import { type PrepareReport, prepareReport } from '@ckpt-gym/core/server';
+
+import type { CutRecord, KeptCut } from './cuts.js';
+import { UNTAGGED_BLOCKER } from './participant.js';
+
+/** What one policy worker reports to its coordinator (plain JSON). */
+export interface PolicyWorkerReport {
+  /** True once the worker admitted any call. */
+  readonly served: boolean;
+  /** Capture keys with a started response ('' for untagged calls), every one of them. */
+  readonly streaming: readonly string[];
+  readonly inflight: number;
+  readonly held: number;
+  /** Present when generation cuts are on. */
+  readonly cut_failures?: number;
+  readonly cut_skipped?: number;
+}
+
+/** What a closed worker holds, for the commit's export (plain JSON). */
+export interface PolicyWorkerSnapshot {
+  /** `model_call_id`s of admitted tagged calls whose response has not started. */
+  readonly undelivered: readonly string[];
+  /** The worker's kept generation cuts (at most one per capture key). */
+  readonly cuts: readonly KeptCut[];
+}
+
+/**
+ * The one `PrepareReport` of the workers' reports: ready once no worker has a response streaming.
+ * (The coordinator also blocks while a worker has not reported, or was lost during the checkpoint.)
+ */
+export function mergePolicyReports(reports: readonly PolicyWorkerReport[]): PrepareReport {
+  const keys = new Set<string>();
+  const counts: Record<string, number> = { inflight: 0, held: 0 };
+  for (const report of reports) {
+    for (const key of report.streaming) keys.add(key === '' ? UNTAGGED_BLOCKER : key);
+    counts.inflight! += report.inflight;
+    counts.held! += report.held;
+    if (report.cut_failures !== undefined) {
+      counts.cut_failures = (counts.cut_failures ?? 0) + report.cut_failures;
+      counts.cut_skipped = (counts.cut_skipped ?? 0) + (report.cut_skipped ?? 0);
+    }
+  }
+  return prepareReport({ blockers: [...keys].sort(), blockerCount: keys.size, counts });
+}
+
+/**
+ * Refuses the commit's export unless every worker answered its snapshot and none was lost since
+ * admission closed (the export then fails `export_failed`, final for the checkpoint: a later
+ * export could take a later cut).
+ */
+export function checkSnapshots(expected: number, answered: number, lostSinceClose: boolean): void {
+  if (lostSinceClose) {
+    throw new CheckpointError(
+      'a policy worker was lost after admission closed; the rows of its undelivered calls cannot be told apart',
+    );
+  }
+  if (answered < expected) {
+    throw new CheckpointError(
+      `only ${answered} of ${expected} policy workers answered the commit's snapshot`,
+    );
+  }
+}
+
+/**
+ * The rows and cuts the commit leaves out and keeps, from every worker's snapshot: every worker's
+ * undelivered calls, and per capture key the latest cut (a worker's newer cut over a restored one
+ * the coordinator still holds; between workers, the call admitted last).
+ */
+export function mergeSnapshots(
+  snapshots: readonly PolicyWorkerSnapshot[],
+  restoredCuts: ReadonlyMap<string, CutRecord>,
+): { undelivered: Set<string>; cuts: Map<string, CutRecord> } {
+  const undelivered = new Set<string>();
+  const cuts = new Map(restoredCuts);
+  const fromWorkers = new Map<string, CutRecord>();
+  for (const snapshot of snapshots) {
+    for (const id of snapshot.undelivered) undelivered.add(id);
+    for (const { key, record } of snapshot.cuts) {
+      const seen = fromWorkers.get(key);
+      if (!seen || seen.admitted_at <= record.admitted_at) fromWorkers.set(key, record);
+    }
+  }
+  for (const [key, cut] of fromWorkers) cuts.set(key, cut);
+  return { undelivered, cuts };
+}
+
+/**
+ * The coordinator's restored attempts: every attempt a restore continues, until a worker starts
+ * it. Only the first reopen after an install hands the workers the attempts; a later reopen hands
+ * nothing, so it cannot make an attempt a worker started pending again on another worker.
+ */
+export class RestoredAttempts {
+  readonly #pending = new Set<string>();
+  #handOut = false;
+
+  /** A restore installed these replacement attempts (capture keys). */
+  installed(keys: Iterable<string>): void {
+    for (const key of keys) this.#pending.add(key);
+    this.#handOut = true;
+  }
+
+  /** A worker admitted the first call of `key`: it is no longer pending. */
+  started(key: string): void {
+    this.#pending.delete(key);
+  }
+
+  /** What a reopen hands the workers: the attempts once after an install, else null. */
+  openState(): string[] | null {
+    if (!this.#handOut) return null;
+    this.#handOut = false;
+    return [...this.#pending].sort();
+  }
+
+  /** What a joining worker adopts: it has started nothing yet. */
+  joinState(): string[] {
+    return [...this.#pending].sort();
+  }
+
+  /** A worker left: whether it started an attempt is unknown, so none is pending any more. */
+  workerLeft(): void {
+    this.#pending.clear();
+  }
+
+  delete(key: string): void {
+    this.#pending.delete(key);
+  }
+
+  retire(episode: EpisodeId): void {
+    for (const key of [...this.#pending]) {
+      if (covers(episode, parseCaptureKey(key))) this.#pending.delete(key);
+    }
+  }
+
+  pending(): EpisodeId[] {
+    return [...this.#pending].sort().map(parseCaptureKey);
+  }
+}
+
+/**
+ * A worker's copy of the restored attempts: the first admitted call of one takes it (true once),
+ * so the worker tells the coordinator and marks the shared ledger. `adopt(null)` keeps the copy.
+ */
+export class WorkerRestoredAttempts {
+  #keys = new Set<string>();
+
+  adopt(keys: readonly string[] | null): void {
+    if (keys !== null) this.#keys = new Set(keys);
+  }
+
+  take(key: string | undefined): boolean {
+    return key !== undefined && this.#keys.delete(key);
+  }
+}
+
+/**
+ * The restored cuts a coordinator holds, one owner each: `claim` hands a cut to the first worker
+ * asking (and forgets it), `giveBack` takes back one its call did not use (unless the attempt was
+ * retired meanwhile, or another cut came in since).
+ */
+export class RestoredCuts {
+  readonly #cuts = new Map<string, CutRecord>();
+
+  install(target: string, record: CutRecord): void {
+    this.#cuts.set(target, record);
+  }
+
+  claim(key: string): CutRecord | null {
+    const record = this.#cuts.get(key) ?? null;
+    this.#cuts.delete(key);
+    return record;
+  }
+
+  giveBack(key: string, record: CutRecord, retired: (episode: EpisodeId) => boolean): void {
+    if (retired(parseCaptureKey(key)) || this.#cuts.has(key)) return;
+    this.#cuts.set(key, record);
+  }
+
+  drop(key: string): void {
+    this.#cuts.delete(key);
+  }
+
+  retire(episode: EpisodeId): void {
+    for (const key of [...this.#cuts.keys()]) {
+      if (covers(episode, parseCaptureKey(key))) this.#cuts.delete(key);
+    }
+  }
+
+  keys(): string[] {
+    return [...this.#cuts.keys()].sort();
+  }
+
+  get held(): ReadonlyMap<string, CutRecord> {
+    return this.#cuts;
+  }
+}
+
+/**
+ * Why a model server with several workers cannot restore, or null: a worker served a call (a
+ * ledger it wrote may belong to a live episode), one has not said whether it did, or one left
+ * since start (its fresh replacement cannot report what the old one served).
+ */
+export function restoreRefusal(state: {
+  readonly workerLeft: boolean;
+  readonly expected: number;
+  readonly served: ReadonlyMap<number, boolean>;
+}): string | null {
+  if (state.workerLeft) {
+    return 'model restore requires freshly started policy workers; a worker has left since start';
+  }
+  for (let index = 1; index <= state.expected; index++) {
+    const served = state.served.get(index);
+    if (served === undefined) {
+      return `model restore requires every policy worker to have joined; worker ${index} has not`;
+    }
+    if (served) {
+      return 'model restore requires freshly started policy workers; a worker has served calls';
+    }
+  }
+  return null;
+}

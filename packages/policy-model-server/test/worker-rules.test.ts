@@ -1,0 +1,237 @@
+/** The pure rules of a policy model server with several workers (`worker-rules.ts`). */
+import { describe, expect, it } from '@jest/globals';
+import { type EpisodeId, captureKey, parseCaptureKey } from '@ckpt-gym/core/protocol';
+
+import { type CutRecord, GenerationCuts } from '../src/cuts.js';
+import type { Ticket } from '../src/gate.js';
+import {
+  checkSnapshots,
+  mergePolicyReports,
+  mergeSnapshots,
+  type PolicyWorkerReport,
+  RestoredAttempts,
+  RestoredCuts,
+  restoreRefusal,
+  WorkerRestoredAttempts,
+} from '../src/worker-rules.js';
+
+const quiet: PolicyWorkerReport = { served: true, streaming: [], inflight: 0, held: 0 };
+
+function cut(key: string, admittedAt = 1, digest = 'd'): CutRecord {
+  return {
+    capture_key: key,
+    model_call_id: `call-${admittedAt}`,
+    request_digest: digest,
+    admitted_at: admittedAt,
+    cut_id: 'cut',
+    continuation: {
+      schema_version: 1,
+      source_capture_key: key,
+      source_model_call_id: `call-${admittedAt}`,
+      staging_keys: [],
+      prefix_token_count: 3,
+      prefix_digest: 'p',
+      effective_output_limit: 10,
+      terminal_finish_reason: null,
+      terminal_stop_reason: null,
+    },
+  } as unknown as CutRecord;
+}
+
+function ticket(id: string, key: string): Ticket {
+  return {
+    id,
+    episode: parseCaptureKey(key),
+    captureKey: key,
+    admittedAt: 1,
+    signal: new AbortController().signal,
+    responseStarted: false,
+  };
+}
+
+function cuts(): GenerationCuts {
+  return new GenerationCuts({
+    serverName: 'policy',
+    url: 'http://127.0.0.1:9/unused',
+    token: 't',
+    control: undefined as never,
+    logger: undefined as never,
+  });
+}
+
+describe('merging worker reports', () => {
+  it('is ready once no worker has a response streaming, with the counts added up', () => {
+    const report = mergePolicyReports([
+      { ...quiet, inflight: 2, held: 2, cut_failures: 1, cut_skipped: 0 },
+      { ...quiet, inflight: 3, held: 3, cut_failures: 0, cut_skipped: 2 },
+    ]);
+    expect(report).toEqual({
+      ready: true,
+      blockers: [],
+      blocker_count: 0,
+      counts: { inflight: 5, held: 5, cut_failures: 1, cut_skipped: 2 },
+      restarts: [],
+    });
+  });
+
+  it('lists the streaming keys of every worker once, untagged calls by name', () => {
+    const report = mergePolicyReports([
+      { ...quiet, streaming: ['r-a0', ''], inflight: 2 },
+      { ...quiet, streaming: ['r-a0', 's-a1'], inflight: 2 },
+    ]);
+    expect(report.ready).toBe(false);
+    expect(report.blockers).toEqual(['(untagged)', 'r-a0', 's-a1']);
+    expect(report.blocker_count).toBe(3);
+  });
+
+  it('one streaming worker blocks even when the others are quiet', () => {
+    const report = mergePolicyReports([quiet, { ...quiet, streaming: ['r-a0'], inflight: 1 }]);
+    expect(report.ready).toBe(false);
+    expect(report.counts).toEqual({ inflight: 1, held: 0 });
+  });
+});
+
+describe("the commit's snapshots", () => {
+  it('fail the export when a worker was lost after admission closed', () => {
+    expect(() => checkSnapshots(2, 2, true)).toThrow(/lost after admission closed/);
+  });
+
+  it('fail the export when fewer workers answered than expected', () => {
+    expect(() => checkSnapshots(2, 1, false)).toThrow(/only 1 of 2 policy workers/);
+    expect(() => checkSnapshots(2, 2, false)).not.toThrow();
+  });
+
+  it("leave out every worker's undelivered calls and keep the latest cut of each key", () => {
+    const restored = new Map([
+      ['r-a1', cut('r-a0', 1)],
+      ['q-a1', cut('q-a0', 1)],
+    ]);
+    const merged = mergeSnapshots(
+      [
+        { undelivered: ['c1'], cuts: [{ key: 'r-a1', record: cut('r-a1', 5) }] },
+        { undelivered: ['c2'], cuts: [{ key: 'r-a1', record: cut('r-a1', 7) }] },
+      ],
+      restored,
+    );
+    expect([...merged.undelivered].sort()).toEqual(['c1', 'c2']);
+    expect(merged.cuts.get('r-a1')?.admitted_at).toBe(7);
+    expect(merged.cuts.get('q-a1')).toEqual(cut('q-a0', 1));
+  });
+});
+
+describe('restored attempts across workers', () => {
+  const keys = ['r-a1', 's-a1'];
+
+  it('an attempt stops being pending at its first admitted call on any worker', () => {
+    const coordinator = new RestoredAttempts();
+    coordinator.installed(keys);
+    const worker = new WorkerRestoredAttempts();
+    worker.adopt(coordinator.openState());
+    expect(worker.take('r-a1')).toBe(true);
+    expect(worker.take('r-a1')).toBe(false);
+    coordinator.started('r-a1');
+    expect(coordinator.pending().map(captureKey)).toEqual(['s-a1']);
+  });
+
+  it('only the first reopen after an install hands the workers its attempts', () => {
+    const coordinator = new RestoredAttempts();
+    coordinator.installed(keys);
+    const [first, second] = [new WorkerRestoredAttempts(), new WorkerRestoredAttempts()];
+    const opened = coordinator.openState();
+    first.adopt(opened);
+    second.adopt(opened);
+    expect(first.take('r-a1')).toBe(true);
+    // The started message has not reached the coordinator yet when the next checkpoint reopens.
+    const later = coordinator.openState();
+    expect(later).toBeNull();
+    first.adopt(later);
+    expect(first.take('r-a1')).toBe(false);
+    expect(second.take('s-a1')).toBe(true);
+  });
+
+  it('a worker joining late adopts the attempts still pending', () => {
+    const coordinator = new RestoredAttempts();
+    coordinator.installed(keys);
+    coordinator.started('r-a1');
+    expect(coordinator.joinState()).toEqual(['s-a1']);
+  });
+
+  it('a worker leaving leaves no attempt pending (what it started is unknown)', () => {
+    const coordinator = new RestoredAttempts();
+    coordinator.installed(keys);
+    coordinator.workerLeft();
+    expect(coordinator.pending()).toEqual([]);
+  });
+
+  it('a retire drops the attempts it covers', () => {
+    const coordinator = new RestoredAttempts();
+    coordinator.installed(keys);
+    coordinator.retire({ rollout_id: 'r', attempt: 3 } as EpisodeId);
+    expect(coordinator.pending().map(captureKey)).toEqual(['s-a1']);
+  });
+});
+
+describe('restored cuts across workers', () => {
+  it('a restored cut is claimed once across workers', () => {
+    const held = new RestoredCuts();
+    held.install('r-a1', cut('r-a0'));
+    expect(held.claim('r-a1')).toEqual(cut('r-a0'));
+    expect(held.claim('r-a1')).toBeNull();
+    expect(held.keys()).toEqual([]);
+  });
+
+  it('a cut given back is kept unless its attempt was retired meanwhile', () => {
+    const held = new RestoredCuts();
+    held.giveBack('r-a1', cut('r-a0'), () => true);
+    expect(held.keys()).toEqual([]);
+    held.giveBack('r-a1', cut('r-a0'), () => false);
+    expect(held.keys()).toEqual(['r-a1']);
+  });
+
+  it('a call that used its claimed cut never gives it back, and a retry gets no cut', () => {
+    const worker = cuts();
+    const first = ticket('t1', 'r-a1');
+    expect(worker.claimed(first, cut('r-a0'))).toBe(true);
+    const call = { ticket: first, requestDigest: 'd', restartReason: null, captured: true };
+    expect(worker.register(call)).not.toBeNull();
+    expect(worker.left(first)).toBeUndefined();
+    const retry = ticket('t2', 'r-a1');
+    expect(worker.register({ ...call, ticket: retry })).toBeNull();
+    expect(worker.keptCuts()).toEqual([]);
+  });
+
+  it('a call that did not use its claimed cut gives it back when it leaves', () => {
+    const worker = cuts();
+    const first = ticket('t1', 'r-a1');
+    worker.claimed(first, cut('r-a0'));
+    const call = { ticket: first, requestDigest: 'other', restartReason: null, captured: true };
+    expect(worker.register(call)).toBeNull();
+    expect(worker.left(first)).toEqual(cut('r-a0'));
+    expect(worker.keptCuts()).toEqual([]);
+  });
+});
+
+describe('restore with several workers', () => {
+  const fresh = new Map([
+    [1, false],
+    [2, false],
+  ]);
+
+  it('is allowed on fresh workers that all joined', () => {
+    expect(restoreRefusal({ workerLeft: false, expected: 2, served: fresh })).toBeNull();
+  });
+
+  it('is refused once any worker served a call', () => {
+    const served = new Map([...fresh, [2, true]]);
+    expect(restoreRefusal({ workerLeft: false, expected: 2, served })).toMatch(/served calls/);
+  });
+
+  it('is refused after a worker left, even if its replacement is fresh', () => {
+    expect(restoreRefusal({ workerLeft: true, expected: 2, served: fresh })).toMatch(/has left/);
+  });
+
+  it('is refused while a worker has not joined', () => {
+    const served = new Map([[1, false]]);
+    expect(restoreRefusal({ workerLeft: false, expected: 2, served })).toMatch(/worker 2/);
+  });
+});
