@@ -80,8 +80,8 @@ export interface StackHandle {
   /** SIGKILLs every gym process group; the inference backend is kept unless `all`. */
   crash(opts?: { all?: boolean }): Promise<void>;
   /**
-   * SIGTERM to every server process (environment first), SIGKILL to what is left of their groups
-   * after the grace. A server's workers share its group: their primary stops them, in its order.
+   * SIGTERM to every group (environment first), SIGKILL to what is left after the grace. A
+   * server's workers share its group: each stops on its own signal, as its primary asks too.
    */
   stop(opts?: { graceMs?: number }): Promise<void>;
   /** Fresh processes, on the same ports, for every launched server whose process is gone. */
@@ -285,13 +285,8 @@ function isAlive(pgid: number): boolean {
 }
 
 function signalGroup(pgid: number, signal: NodeJS.Signals): void {
-  signalProcess(-pgid, signal);
-}
-
-/** Signals a process (a negative pid: a group); one already gone is no error. */
-function signalProcess(pid: number, signal: NodeJS.Signals): void {
   try {
-    process.kill(pid, signal);
+    process.kill(-pgid, signal);
   } catch (err) {
     if ((err as NodeJS.ErrnoException).code !== 'ESRCH') throw err;
   }
@@ -524,8 +519,7 @@ class RunningStack implements StackHandle {
   async stop(opts: { graceMs?: number } = {}): Promise<void> {
     // Callers first, so nothing sends work to a server that is already gone.
     const order = liveServers(this.servers.values()).reverse();
-    // The leader only: a worker told by the group too would stop before its primary asks it.
-    for (const server of order) signalProcess(server.pid, 'SIGTERM');
+    for (const server of order) signalGroup(server.pid, 'SIGTERM');
     const pgids = order.map((server) => server.pid);
     if (!(await waitGone(pgids, opts.graceMs ?? DEFAULT_GRACE_MS))) {
       for (const pgid of pgids) signalGroup(pgid, 'SIGKILL');

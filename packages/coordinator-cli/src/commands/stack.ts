@@ -64,15 +64,12 @@ export async function serveCommand(ctx: CommandContext): Promise<CommandResult> 
     throw err;
   }
   const received = await signal.received;
-  // Closing may take a while (requests finish): a second signal, say the group's after its
-  // primary's, must not end it halfway.
+  // From here on the process is ending: a later signal (a worker gets the terminal's SIGINT and
+  // then its primary's SIGTERM) must not turn its clean stop into a kill, during the close or
+  // while it exits.
   const ignore = (): void => undefined;
   process.on('SIGTERM', ignore).on('SIGINT', ignore);
-  try {
-    await running.close();
-  } finally {
-    process.off('SIGTERM', ignore).off('SIGINT', ignore);
-  }
+  await running.close();
   return {
     exitCode: ExitCode.OK,
     data: { server: name, signal: received },
