@@ -3,16 +3,16 @@
  * processes (a primary and the two workers it forks, all in its process group), through runCli.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 import { until } from '@ckpt-gym/testing';
 
-import { attachStack, CLI_MAIN, ExitCode, freePort, parentPid, RUN_FILE } from '../src/index.js';
+import { CLI_MAIN, ExitCode, freePort, parentPid } from '../src/index.js';
 import { hasListeningLine } from '../src/launcher.js';
 import { ensureBuilt } from './support/build.js';
-import { cli, isAlive } from './support/cli.js';
+import { cli, isAlive, removeTestDir } from './support/cli.js';
 
 let dir = '';
 
@@ -34,11 +34,7 @@ beforeEach(async () => {
   );
 });
 
-afterEach(async () => {
-  if (existsSync(join(dir, 'run', RUN_FILE)))
-    await attachStack(join(dir, 'run')).crash({ all: true });
-  rmSync(dir, { recursive: true, force: true });
-});
+afterEach(() => removeTestDir(dir));
 
 interface WorkerEntry {
   index: number;
@@ -146,11 +142,20 @@ test('down stops the primary and its workers cleanly: no worker reported lost, i
   expect(log).not.toMatch(/"level":"(warn|error)"/);
 }, 180_000);
 
-test('Ctrl-C on a foreground serve (SIGINT to its whole group) stops the primary and its workers cleanly', async () => {
+test('serve through the bin as the image runs it: its workers re-run it; Ctrl-C (SIGINT to the group) stops them all cleanly', async () => {
+  // The image's entry point: /usr/local/bin/ckpt-gym, a symlink to the bin, which its shebang
+  // runs as `node /usr/local/bin/ckpt-gym …`.
+  const bin = join(dir, 'ckpt-gym');
+  symlinkSync(CLI_MAIN, bin);
   const child = spawn(
     process.execPath,
-    [CLI_MAIN, 'serve', '--config', 'stack.yaml', '--server', 'policy'],
-    { cwd: dir, detached: true, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env } },
+    [bin, 'serve', '--config', 'stack.yaml', '--server', 'policy'],
+    {
+      cwd: dir,
+      detached: true,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, NODE_OPTIONS: '--max-semi-space-size=64' },
+    },
   );
   let output = '';
   child.stdout.on('data', (chunk: Buffer) => (output += chunk.toString()));
@@ -158,6 +163,14 @@ test('Ctrl-C on a foreground serve (SIGINT to its whole group) stops the primary
   const exit = new Promise<number | null>((done) => child.once('exit', (code) => done(code)));
   try {
     await until(() => hasListeningLine(output), 'the listening line', 60_000);
+    const workers = readdirSync('/proc').filter(
+      (name) => /^\d+$/.test(name) && parentPid(Number(name)) === child.pid,
+    );
+    expect(workers).toHaveLength(2);
+    for (const pid of workers) {
+      const argv = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+      expect(argv.slice(1, 3)).toEqual([bin, 'serve']);
+    }
     // A terminal's Ctrl-C: the signal reaches every process of the foreground group at once.
     process.kill(-child.pid!, 'SIGINT');
     expect(await exit).toBe(0);
