@@ -278,31 +278,45 @@ function seeds(): number[] {
   return Array.from({ length: count }, () => Math.floor(Math.random() * 2 ** 31));
 }
 
-for (const seed of seeds()) {
-  scenario(
-    `a random sequence keeps every rollout exactly once (seed ${seed}; replay with CKPT_GYM_E2E_SEED=${seed})`,
-    async () => {
-      const dep = await Deployment.start('native_mcp');
-      await dep.backend('/_ctl/gate', { closed: true });
-      const sequence = new Sequence(dep, prng(seed));
-      try {
-        for (let i = 0; i < STEPS; i += 1) await sequence.step();
-        await sequence.finish();
+/**
+ * Run with the policy model in one process and with two workers (core's coordinator counts its
+ * connected workers in the report, so an idle two-worker server still shows them).
+ */
+const POLICY_VARIANTS = [
+  { workers: 1, label: '', idle: {} },
+  { workers: 2, label: ', two policy workers', idle: { policy: { workers: 2 } } },
+];
 
-        expect(sequence.failures).toEqual([]);
-        expect(sequence.rollouts.map((r) => r.reward)).toEqual(Array(ROLLOUTS).fill(1));
-        expect(await dep.callCount()).toBeLessThanOrEqual(2 * sequence.attemptsDispatched);
-        expect(tracked(await dep.statuses())).toEqual({});
-        for (const id of sequence.committed) {
-          for (const s of dep.gymServers()) await dep.records(id, s.kind, s.name);
-        }
-      } catch (err) {
-        process.stderr.write(
-          `\nseed ${seed} (replay with CKPT_GYM_E2E_SEED=${seed}):\n  ${sequence.log.join('\n  ')}\n`,
+for (const seed of seeds()) {
+  for (const variant of POLICY_VARIANTS) {
+    scenario(
+      `a random sequence keeps every rollout exactly once (seed ${seed}${variant.label}; replay with CKPT_GYM_E2E_SEED=${seed})`,
+      async () => {
+        const dep = await Deployment.start(
+          'native_mcp',
+          variant.workers === 1 ? {} : { policyWorkers: variant.workers },
         );
-        throw err;
-      }
-    },
-    300_000,
-  );
+        await dep.backend('/_ctl/gate', { closed: true });
+        const sequence = new Sequence(dep, prng(seed));
+        try {
+          for (let i = 0; i < STEPS; i += 1) await sequence.step();
+          await sequence.finish();
+
+          expect(sequence.failures).toEqual([]);
+          expect(sequence.rollouts.map((r) => r.reward)).toEqual(Array(ROLLOUTS).fill(1));
+          expect(await dep.callCount()).toBeLessThanOrEqual(2 * sequence.attemptsDispatched);
+          expect(tracked(await dep.statuses())).toEqual(variant.idle);
+          for (const id of sequence.committed) {
+            for (const s of dep.gymServers()) await dep.records(id, s.kind, s.name);
+          }
+        } catch (err) {
+          process.stderr.write(
+            `\nseed ${seed} (replay with CKPT_GYM_E2E_SEED=${seed}):\n  ${sequence.log.join('\n  ')}\n`,
+          );
+          throw err;
+        }
+      },
+      300_000,
+    );
+  }
 }

@@ -154,3 +154,33 @@ scenario(
   },
   240_000,
 );
+
+scenario(
+  'with two workers, an in-flight generation is cut and its prefix continued after the restore',
+  async () => {
+    const dep = await Deployment.start('native', {
+      policyWorkers: WORKERS,
+      tokenCapture: true,
+      generationCuts: true,
+    });
+    // The second call generates a few tokens of its answer, then waits: mid-generation.
+    await dep.backend('/_ctl/hold', { after_calls: 1, after_tokens: 3 });
+    dep.post('env', '/run', weatherEpisode('cut-1'));
+    await dep.waitForCalls(2);
+    await dep.checkpoint('c1', [ep('cut-1')]);
+    const cutCall = ((await dep.calls())[1]?.admission as { model_call_id?: string } | null)
+      ?.model_call_id;
+    expect((await dep.backend<{ cuts: string[][] }>('/_ctl/cuts')).cuts).toEqual([[cutCall]]);
+
+    // The coordinator holds the restored cut; the worker the replacement lands on claims it.
+    await dep.crashAndRestore('c1', [ep('cut-1')]);
+    expect((await dep.status('policy')).restored_generation_cuts).toEqual(['cut-1-a1']);
+    const reply = await dep.post('env', '/run', weatherEpisode('cut-1', 1)).reply;
+    expect(reply.status).toBe(200);
+    expect(reply.body.result).toMatchObject({ reward: 1 });
+    const replacement = (await dep.calls()).filter((c) => c.capture_key === 'cut-1-a1');
+    expect(replacement.map((c) => c.continued_from)).toEqual([cutCall]);
+    expect((await dep.status('policy')).restored_generation_cuts).toEqual([]);
+  },
+  240_000,
+);

@@ -167,9 +167,25 @@ export async function startServerMain(
   }
   const stack = loadStackFile(values.config, process.env, kindSchemas([kind]));
   const options: FromStackOptions = values.port === undefined ? {} : { port: Number(values.port) };
-  const settings = serverOfKind(stack, values.server, kind.kind);
+  return startServer(kind, stack, values.server, options, print);
+}
+
+/**
+ * Starts the server `name` of a loaded stack with `kind` and prints its listening line. With
+ * `num_workers > 1` and a kind that supports workers, this process is the primary (it forks the
+ * workers, which run this again with the same argv, and prints the line once all of them
+ * listen) or one of those workers (it prints nothing).
+ */
+export async function startServer(
+  kind: ServerKindModule,
+  stack: StackSettings,
+  name: string,
+  options: FromStackOptions,
+  print: (line: string) => void,
+): Promise<RunningServer> {
+  const settings = serverOfKind(stack, name, kind.kind);
   if (settings.numWorkers <= 1 || !kind.workers) {
-    const server = await kind.fromStack(stack, values.server, options);
+    const server = await kind.fromStack(stack, name, options);
     print(listeningLine(server, stack));
     return server;
   }

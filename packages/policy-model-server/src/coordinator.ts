@@ -228,7 +228,10 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
     await (await this.#ledger)?.retireThrough([episode]);
   }
 
-  /** The layer's status, each worker with its calls in flight and held while a checkpoint is open. */
+  /**
+   * The layer's status, each worker with its calls in flight and held while a checkpoint is open,
+   * and the calls waiting at closed admission (as one process reports them).
+   */
   override statusExtra(): Record<string, unknown> {
     const base = super.statusExtra();
     const reports = new Map(this.workers().map((w) => [w.index, w.report]));
@@ -236,10 +239,15 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
       const report = reports.get(w.index)?.extra as PolicyWorkerReport | undefined;
       return report ? { ...w, inflight: report.inflight, held: report.held } : w;
     });
+    let waiting = 0;
+    for (const report of reports.values()) {
+      if (report) waiting += report.gate.waiting - report.gate.waitingUntagged;
+    }
     return {
       ...base,
       workers,
       served: this.#served.size > 0,
+      waiting,
       restored_generation_cuts: this.#cuts.keys(),
     };
   }

@@ -20,8 +20,6 @@ import { UNTAGGED_BLOCKER } from './participant.js';
 
 /** What one policy worker reports to its coordinator (plain JSON). */
 export interface PolicyWorkerReport {
-  /** True once the worker admitted any call. */
-  readonly served: boolean;
   /** Capture keys with a started response ('' for untagged calls), every one of them. */
   readonly streaming: readonly string[];
   readonly inflight: number;

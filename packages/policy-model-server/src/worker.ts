@@ -85,7 +85,6 @@ export class PolicyWorker implements WorkerSide {
   reportExtra(): JsonObject {
     const { policy, cuts } = this.#options;
     const report: PolicyWorkerReport = {
-      served: policy.served,
       streaming: policy.streamingKeys(),
       inflight: policy.inflight,
       held: policy.held,
@@ -151,14 +150,10 @@ export class PolicyWorker implements WorkerSide {
 
   /** A message whose reply nobody waits for (it is ordered before this worker's later ones). */
   #tell(kind: string, body: JsonObject): void {
-    const failed = (err: unknown) =>
+    this.#options.link.call(kind, body).catch((err: unknown) =>
       this.#options.logger.warn(`could not send ${kind} to the policy coordinator`, {
         error: err instanceof Error ? err.message : String(err),
-      });
-    try {
-      this.#options.link.call(kind, body).catch(failed);
-    } catch (err) {
-      failed(err);
-    }
+      }),
+    );
   }
 }

@@ -15,7 +15,7 @@ import {
   WorkerRestoredAttempts,
 } from '../src/worker-rules.js';
 
-const quiet: PolicyWorkerReport = { served: true, streaming: [], inflight: 0, held: 0 };
+const quiet: PolicyWorkerReport = { streaming: [], inflight: 0, held: 0 };
 
 function cut(key: string, admittedAt = 1, digest = 'd'): CutRecord {
   return {

@@ -105,6 +105,7 @@ export {
   type RunningServer,
   type ServerKindModule,
   serverOfKind,
+  startServer,
   startServerMain,
   type WorkerContext,
   type WorkersSupport,

@@ -95,7 +95,7 @@ export class Channel {
    * Sends a request and waits for its reply, both within `timeoutMs`. Rejects with the reply's
    * typed error, or `CoordinatorUnavailableError` on a timeout or a lost connection.
    */
-  call(kind: string, body: JsonValue, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
+  call(kind: string, body: unknown, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
     if (this.#closed) return Promise.reject(this.#unavailable(kind, 'the connection is closed'));
     this.#nextId += 1;
     const id = this.#nextId;
@@ -114,10 +114,7 @@ export class Channel {
       this.#pending.set(id, { kind, resolve: settle(resolve), reject: settle(reject) });
       let frame: Buffer;
       try {
-        frame = encodeFrame(
-          { id, kind, body } satisfies ChannelRequest,
-          this.#options.maxFrameBytes,
-        );
+        frame = encodeFrame({ id, kind, body }, this.#options.maxFrameBytes);
       } catch (err) {
         settle(reject)(
           new CheckpointStateError(`message ${kind} cannot be framed: ${describeThrow(err)}`),
@@ -163,14 +160,14 @@ export class Channel {
   #settle(reply: ChannelReply): void {
     const pending = this.#pending.get(reply.reply_to);
     if (!pending) return;
-    if (reply.ok) pending.resolve(reply.body);
+    if (reply.ok) pending.resolve(reply.body as JsonValue);
     else pending.reject(errorOfReply(reply.error));
   }
 
   #serve(request: ChannelRequest): void {
     const { immediate, handler } = this.#options;
     if (immediate) {
-      let body: JsonValue | undefined;
+      let body: unknown;
       try {
         body = immediate(request.kind, request.body);
       } catch (err) {

@@ -7,7 +7,6 @@ import { chmod } from 'node:fs/promises';
 import { createServer, type Server, type Socket } from 'node:net';
 
 import { InvalidRequestError } from '../errors.js';
-import type { JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
 import type { ControlTarget } from '../control/routes.js';
 import { CONTROL_ROUTES, type ControlRoute } from '../control/schemas.js';
@@ -18,7 +17,7 @@ import type { NumberedReport, WorkerInfo, WorkerRegistration } from './types.js'
 /** A control call forwarded by a worker: a route (or `status`) and its body as received. */
 export interface ForwardedControl {
   readonly route: ControlRoute | 'status';
-  readonly body: JsonValue;
+  readonly body: unknown;
 }
 
 export interface CoordinatorServer {
@@ -36,14 +35,14 @@ export async function runForwarded(
   target: ControlTarget,
   forwarded: ForwardedControl,
   channel: Channel,
-): Promise<JsonValue> {
-  if (forwarded.route === 'status') return (await target.status()) as JsonValue;
+): Promise<unknown> {
+  if (forwarded.route === 'status') return target.status();
   if (!isRoute(forwarded.route)) {
     throw new InvalidRequestError(`unknown control route ${String(forwarded.route)}`);
   }
   const abort = new AbortController();
   channel.onClose(() => abort.abort(new Error('the worker that forwarded this call is gone')));
-  return (await target.call(forwarded.route, forwarded.body, abort.signal)) as JsonValue;
+  return target.call(forwarded.route, forwarded.body, abort.signal);
 }
 
 /** Serves `coordinator` (and `target`, its plane) on `socketPath`; resolves once listening. */
@@ -98,7 +97,7 @@ function connectWorker(
           const registration = body as unknown as WorkerRegistration;
           const state = coordinator.join(channel, registration);
           worker = coordinator.workers().find((w) => w.index === registration.index);
-          return state as unknown as JsonValue;
+          return state;
         }
         case 'report': {
           const { generation, ...numbered } = body as unknown as NumberedReport & {

@@ -54,7 +54,7 @@ interface LiveWorker extends WorkerInfo {
 /** One message per worker, for `callEach`. */
 export interface WorkerMessage {
   readonly kind: string;
-  readonly body: JsonValue;
+  readonly body: unknown;
 }
 
 export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointRecord>
@@ -103,11 +103,11 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     return {};
   }
 
-  handle(_worker: WorkerInfo, kind: string, _body: JsonValue): Promise<JsonValue> {
+  handle(_worker: WorkerInfo, kind: string, _body: JsonValue): Promise<unknown> {
     return Promise.reject(new CheckpointError(`unknown checkpoint message ${kind}`));
   }
 
-  handleNow(_worker: WorkerInfo, _kind: string, _body: JsonValue): JsonValue | undefined {
+  handleNow(_worker: WorkerInfo, _kind: string, _body: JsonValue): unknown {
     return undefined;
   }
 
@@ -212,7 +212,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
   /** Sends every worker the same message at once; see `callEach`. */
   protected broadcast(
     kind: string,
-    body: JsonValue,
+    body: unknown,
     timeoutMs = MESSAGE_TIMEOUT_MS,
   ): Promise<Map<number, JsonValue>> {
     const messages = new Map([...this.#workers.keys()].map((index) => [index, { kind, body }]));

@@ -26,18 +26,19 @@ export interface ChannelError {
 
 /** The reply to request `reply_to`. */
 export type ChannelReply =
-  | { readonly reply_to: number; readonly ok: true; readonly body: JsonValue }
+  | { readonly reply_to: number; readonly ok: true; readonly body: unknown }
   | { readonly reply_to: number; readonly ok: false; readonly error: ChannelError };
 
 export type ChannelMessage = ChannelRequest | ChannelReply;
 
 /** Serves one request kind and body; a thrown typed error is the caller's typed error. */
-export type ChannelHandler = (kind: string, body: JsonValue) => Promise<JsonValue>;
+/** Sent bodies and replies are anything the faithful codec writes (checked when framed). */
+export type ChannelHandler = (kind: string, body: JsonValue) => Promise<unknown>;
 /**
  * Serves a request on the read loop, before any later frame of the connection is read (so its
  * reply precedes every later message: claims), or returns undefined to leave it to the handler.
  */
-export type ImmediateHandler = (kind: string, body: JsonValue) => JsonValue | undefined;
+export type ImmediateHandler = (kind: string, body: JsonValue) => unknown;
 
 /** What a worker tells the coordinator about itself when it joins (`join`). */
 export interface WorkerRegistration {
@@ -140,7 +141,7 @@ export interface WorkerSide {
   /** What the kind adds to each report (`WorkerReport.extra`). */
   reportExtra?(): JsonObject;
   /** Serves a kind message from the coordinator. */
-  handle?(kind: string, body: JsonValue): Promise<JsonValue>;
+  handle?(kind: string, body: JsonValue): Promise<unknown>;
 }
 
 /**
@@ -157,9 +158,9 @@ export interface CoordinatorHooks {
   /** Kind state every worker adopts on reopening (`WorkerSide.open`). */
   openState?(): JsonObject;
   /** Serves a kind message from a worker. */
-  handle?(worker: WorkerInfo, kind: string, body: JsonValue): Promise<JsonValue>;
+  handle?(worker: WorkerInfo, kind: string, body: JsonValue): Promise<unknown>;
   /** Serves a kind message on the read loop, before any later message of that worker; or undefined. */
-  handleNow?(worker: WorkerInfo, kind: string, body: JsonValue): JsonValue | undefined;
+  handleNow?(worker: WorkerInfo, kind: string, body: JsonValue): unknown;
 }
 
 /** Time for messages that do no slow work (join, reports, marks, reopening, claims). */

@@ -92,10 +92,7 @@ export class WorkerLink {
       pid: process.pid,
       extra: side.registration?.() ?? {},
     };
-    const state = (await channel.call(
-      'join',
-      registration as unknown as JsonValue,
-    )) as unknown as JoinState;
+    const state = (await channel.call('join', registration)) as unknown as JoinState;
     side.marks.forget([...side.marks.rollouts()]);
     for (const [rollout, attempt] of Object.entries(state.retired)) {
       side.marks.mark([{ rollout_id: rollout, attempt }]);
@@ -111,7 +108,7 @@ export class WorkerLink {
   }
 
   /** Sends a kind message to the coordinator. */
-  call(kind: string, body: JsonValue, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
+  call(kind: string, body: unknown, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
     if (!this.#channel) {
       return Promise.reject(
         new CoordinatorUnavailableError(
@@ -125,7 +122,7 @@ export class WorkerLink {
   /** The control routes' target: every call goes to the coordinator's plane. */
   controlTarget(): ControlTarget {
     const forward = (forwarded: ForwardedControl, timeoutMs: number): Promise<object> =>
-      this.call('control', forwarded as unknown as JsonValue, timeoutMs) as Promise<object>;
+      this.call('control', forwarded, timeoutMs) as Promise<object>;
     return {
       status: () => forward({ route: 'status', body: null }, MESSAGE_TIMEOUT_MS),
       call: (route, body) => forward({ route, body: body as JsonValue }, forwardTimeoutMs(body)),
@@ -173,14 +170,14 @@ export class WorkerLink {
     (this.#options.onCoordinatorLost ?? (() => process.exit(1)))();
   }
 
-  async #handle(kind: string, body: JsonValue): Promise<JsonValue> {
+  async #handle(kind: string, body: JsonValue): Promise<unknown> {
     const side = this.#side!;
     const b = body as JsonObject;
     switch (kind) {
       case 'close':
         this.#generation = b.generation as number;
         await this.#close(b.request as unknown as WorkerAdmissionRequest);
-        return this.#numbered() as unknown as JsonValue;
+        return this.#numbered();
       case 'open':
         await (side.open ? side.open(b) : side.gate.open());
         return {};
@@ -232,7 +229,7 @@ export class WorkerLink {
         this.#reportPending = false;
         const generation = this.#generation;
         const numbered = this.#numbered();
-        await this.#channel.call('report', { generation, ...numbered } as unknown as JsonValue);
+        await this.#channel.call('report', { generation, ...numbered });
       }
     } catch (err) {
       this.#options.logger.warn(`could not report to the ${this.#label} checkpoint coordinator`, {

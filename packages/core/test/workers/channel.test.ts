@@ -2,19 +2,14 @@ import { CkptGymError, StaleAttemptError } from '../../src/errors.js';
 import { Channel } from '../../src/workers/channel.js';
 import { encodeFrame, FrameReader } from '../../src/workers/frames.js';
 import { MemoryLogger } from '../support/test-participant.js';
-import { channelPair, socketPair, useSockets } from './sockets.js';
+import { channelPair, refusedWith, socketPair, useSockets } from './sockets.js';
 
 useSockets();
 
-/** The typed error a promise rejects with, as code and status. */
+/** The code and status of the typed error a promise rejects with. */
 async function refusal(p: Promise<unknown>): Promise<[string, number]> {
-  try {
-    await p;
-  } catch (err) {
-    if (err instanceof CkptGymError) return [err.code, err.status];
-    throw err;
-  }
-  throw new Error('resolved, expected a typed refusal');
+  const err = await refusedWith(p);
+  return [err.code, err.status];
 }
 
 describe('the worker channel', () => {

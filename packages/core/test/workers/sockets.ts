@@ -3,6 +3,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { join } from 'node:path';
 
+import { CkptGymError } from '../../src/errors.js';
 import { Channel, type ChannelOptions } from '../../src/workers/channel.js';
 
 const cleanups: (() => Promise<void> | void)[] = [];
@@ -50,15 +51,23 @@ export async function channelPair(
   options: Partial<ChannelOptions> = {},
 ): Promise<{ a: Channel; b: Channel }> {
   const [s1, s2] = await socketPair();
-  const a = new Channel(s1, { handler: noHandler, peer: 'b', ...pick(options, 'maxFrameBytes') });
+  const limit = options.maxFrameBytes === undefined ? {} : { maxFrameBytes: options.maxFrameBytes };
+  const a = new Channel(s1, { handler: noHandler, peer: 'b', ...limit });
   const b = new Channel(s2, { handler: noHandler, peer: 'a', ...options });
   return { a, b };
 }
 
-function pick<T extends object, K extends keyof T>(o: T, key: K): Partial<T> {
-  return key in o ? ({ [key]: o[key] } as Partial<T>) : {};
-}
-
 export function onCleanup(cleanup: () => Promise<void> | void): void {
   cleanups.push(cleanup);
+}
+
+/** The typed error `p` rejects with; fails the test if it resolves or rejects untyped. */
+export async function refusedWith(p: Promise<unknown>): Promise<CkptGymError> {
+  try {
+    await p;
+  } catch (err) {
+    if (err instanceof CkptGymError) return err;
+    throw err;
+  }
+  throw new Error('resolved, expected a typed refusal');
 }
