@@ -1,8 +1,8 @@
 /**
  * One server of a stack file, built by its kind and app and listening: what `ckpt-gym serve`
  * runs (and so what `up` and the containers run). `serve` is a lookup over the server packages'
- * kinds; each kind builds, listens and closes its servers its own way, and core's
- * `startServerMain` runs a server with `num_workers: N` as a primary and N forked workers.
+ * kinds; each kind builds, listens and closes its servers its own way, and core's `startServer`
+ * runs a server with `num_workers: N` as a primary and N forked workers.
  */
 import { agentKind } from '@ckpt-gym/agent-server';
 import {
@@ -14,8 +14,9 @@ import {
   type ServerKindModule,
   serverSettings,
   type ServerSettings,
+  type RunningServer,
   type StackSettings,
-  startServerMain,
+  startServer,
 } from '@ckpt-gym/core/server';
 import { environmentKind } from '@ckpt-gym/environment-server';
 import { FAKE_INFERENCE_APP, fakeInferenceKind } from '@ckpt-gym/fake-inference';
@@ -44,22 +45,17 @@ export function isRunnable(server: ServerSettings): boolean {
 }
 
 /**
- * The process of `ckpt-gym serve`: the named server of the stack file `configPath`, with its
- * workers when it runs several (a forked worker re-runs the same command line and gets its
- * share); `print` gets the listening line, in the primary only.
+ * The process of `ckpt-gym serve`: the named server of the stack, with its workers when it runs
+ * several (a forked worker re-runs the same command line and gets its share); `print` gets the
+ * listening line, in the primary only.
  */
 export function serveProcess(
   stack: StackSettings,
-  configPath: string,
   name: string,
   print: (line: string) => void,
-): Promise<{ close(): Promise<void> }> {
+): Promise<RunningServer> {
   const { kind } = serverSettings(stack, name);
-  return startServerMain(
-    SERVER_KIND_MODULES[kind],
-    ['--config', configPath, '--server', name],
-    print,
-  );
+  return startServer(SERVER_KIND_MODULES[kind], stack, name, {}, print);
 }
 
 /** Builds the named server in this process (one process, whatever its `num_workers`). */

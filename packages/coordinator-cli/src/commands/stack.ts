@@ -58,7 +58,7 @@ export async function serveCommand(ctx: CommandContext): Promise<CommandResult> 
   const out = ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout;
   let running;
   try {
-    running = await serveProcess(ctx.stack, ctx.configPath, name, (line) => out.write(`${line}\n`));
+    running = await serveProcess(ctx.stack, name, (line) => out.write(`${line}\n`));
   } catch (err) {
     signal.cancel();
     throw err;
