@@ -27,7 +27,8 @@ RUN for p in core fake-inference resources-server policy-model-server agent-serv
 # --- runtime: production dependencies and the compiled output only, as a non-root user -----------
 FROM node:20-bookworm-slim AS runtime
 ENV NODE_ENV=production
-# The launcher's SERVER_NODE_FLAGS (a 64 MB young generation: faster commits at scale).
+# The launcher's SERVER_NODE_FLAGS (a 64 MB young generation: faster commits at scale); in the
+# environment, so the workers a server with num_workers forks (re-running the same bin) get it too.
 ENV NODE_OPTIONS=--max-semi-space-size=64
 WORKDIR /app
 COPY package.json package-lock.json ./

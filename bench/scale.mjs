@@ -8,9 +8,12 @@
 // exported, and that every exported one finishes (reward 1.0) after the restore. Last, the restore
 // floor of the same checkpoint (lib/floor.mjs): the least any restore of it could take here.
 //
-//   npm run build && npm run bench -- scale --rollouts 8000
+//   npm run build && npm run bench -- scale --rollouts 8000 [--policy-workers 2]
 //
-// Prints per-stage times and writes bench/results/scale.json (or --out).
+// `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
+// per-stage times and every process's descriptors and CPU (each worker beside the other
+// processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
+// or --out).
 import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -32,19 +35,33 @@ import { parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
-import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';
+import { cpuByServer, processLabel, sampleMembers, stackMembers } from './lib/processes.mjs';
+import { difference, episodeBody } from './lib/stack.mjs';
 
 const { values: flags } = parseArgs({
   options: {
     rollouts: { type: 'string', default: '1000' },
     out: { type: 'string' },
     'keep-dir': { type: 'boolean', default: false },
+    'policy-workers': { type: 'string', default: '1' },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
 if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
+const POLICY_WORKERS = Number(flags['policy-workers']);
+if (!Number.isSafeInteger(POLICY_WORKERS) || POLICY_WORKERS < 1) {
+  throw new Error('--policy-workers must be ≥ 1');
+}
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-const OUT = resolve(flags.out ?? join(repo, 'bench/results/scale.json'));
+const OUT = resolve(
+  flags.out ??
+    join(
+      repo,
+      POLICY_WORKERS === 1
+        ? 'bench/results/scale.json'
+        : `bench/results/scale-policy-workers-${POLICY_WORKERS}.json`,
+    ),
+);
 const TOKEN = 'bench-scale-token';
 const DEADLINE_S = 300;
 /** No new model call for this long while rollouts are still short of their second: give up. */
@@ -60,7 +77,7 @@ function stackYaml(inferencePort) {
 token_capture: { enabled: true, dir: ./capture }
 servers:
   inference: { kind: inference, app: fake, port: ${inferencePort}, script: weather }
-  policy: { kind: model, app: policy, port: 0, backend_url: "http://127.0.0.1:${inferencePort}/v1", checkpoint_policy: true, checkpoint_generation_cuts: true }
+  policy: { kind: model, app: policy, port: 0, num_workers: ${POLICY_WORKERS}, backend_url: "http://127.0.0.1:${inferencePort}/v1", checkpoint_policy: true, checkpoint_generation_cuts: true }
   weather: { kind: resources, app: weather, port: 0 }
   simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
   env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
@@ -83,18 +100,58 @@ function bytesUnder(dir) {
 }
 
 /**
- * What each server spent of the CPU while `fn` ran, and in all (2 cores = 2 s of CPU a second);
- * `kernel` is the system-time share (file and socket work in the kernel).
+ * What each server (all its processes, `members`) spent of the CPU while `fn` ran, and in all (2
+ * cores = 2 s of CPU a second); `kernel` is the system-time share (file and socket work in the
+ * kernel); `by_process` each process's samples before and after.
  */
-async function cpuDuring(handle, fn) {
-  const before = serverCpuMs(handle);
+async function cpuDuring(members, fn) {
+  const before = sampleMembers(members);
   const value = await fn();
-  const after = serverCpuMs(handle);
+  const after = sampleMembers(members);
+  const [from, to] = [cpuByServer(before), cpuByServer(after)];
   return {
     value,
-    spent: difference(before.total, after.total),
-    kernel: difference(before.kernel, after.kernel),
+    spent: difference(from.total, to.total),
+    kernel: difference(from.kernel, to.kernel),
+    by_process: { before, after },
   };
+}
+
+/** Each worker's index by server and pid, as the servers' status replies list their workers. */
+async function workerIndexes(handle, clients) {
+  const byServer = {};
+  for (const server of handle.servers.values()) {
+    if (server.kind === 'inference') continue;
+    const status = await getControl(
+      clients.control,
+      `${server.url}/ng-control/v1/checkpoint/status`,
+      {
+        token: TOKEN,
+      },
+    );
+    byServer[server.name] = new Map((status.workers ?? []).map((w) => [w.pid, w.index]));
+  }
+  return (name, pid) => byServer[name]?.get(pid);
+}
+
+/**
+ * Every process at `held` (every rollout in flight): its descriptors and CPU so far, and the CPU
+ * it spent during the commit (`commit`: cpuDuring's samples).
+ */
+function processTable(held, commit) {
+  const spent = new Map(
+    commit.after.map((row) => [
+      row.pid,
+      row.cpu_ms - (commit.before.find((b) => b.pid === row.pid)?.cpu_ms ?? row.cpu_ms),
+    ]),
+  );
+  return held.map((row) => ({
+    process: processLabel(row),
+    pid: row.pid,
+    fds: row.fds,
+    cpu_ms: Math.round(row.cpu_ms),
+    commit_cpu_ms: spent.has(row.pid) ? Math.round(spent.get(row.pid)) : null,
+  }));
 }
 
 /**
@@ -218,10 +275,15 @@ async function main() {
       }
     });
 
+    // Every process of every server (a worker too), once every rollout is in flight: the most
+    // descriptors each holds.
+    const members = stackMembers(handle, await workerIndexes(handle, clients));
+    const atAllHeld = sampleMembers(members);
+
     // What the servers burn holding every rollout with nothing to do (timers, connection checks):
     // the floor under the CPU measured during commit and restore.
     const cpuMs = {};
-    ({ spent: cpuMs.idle_1s } = await cpuDuring(handle, () => sleep(1000)));
+    ({ spent: cpuMs.idle_1s } = await cpuDuring(members, () => sleep(1000)));
 
     // Prepare stage by stage (each stage alone, in prepare order) under one id, resume; then the
     // checkpoint itself, prepared as a whole under a fresh id (every rollout is still held).
@@ -249,14 +311,17 @@ async function main() {
     );
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
+    let commitByProcess;
     const committed = await time('commit', async () => {
-      const { value, spent, kernel } = await cpuDuring(handle, () =>
+      const { value, spent, kernel, by_process } = await cpuDuring(members, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
       cpuMs.commit = spent;
       cpuMs['commit, kernel only'] = kernel;
+      commitByProcess = by_process;
       return value;
     });
+    const processes = processTable(atAllHeld, commitByProcess);
     const exported = committed.env.episode_ids;
     const recordsBytes = {};
     for (const kind of ['environment', 'model', 'agent', 'resources']) {
@@ -267,9 +332,10 @@ async function main() {
     await Promise.all(first);
     await backend('/_ctl/release', {});
     await time('restart', () => handle.restart());
+    const freshMembers = stackMembers(handle);
     const fresh = participants();
     const restored = await time('restore', async () => {
-      const { value, spent, kernel } = await cpuDuring(handle, () =>
+      const { value, spent, kernel } = await cpuDuring(freshMembers, () =>
         restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
       );
       cpuMs.restore = spent;
@@ -314,6 +380,7 @@ async function main() {
     }
     const result = {
       scale: ROLLOUTS,
+      policy_workers: POLICY_WORKERS,
       machine: { cpus: cpus().length, memory_gib: Math.round(totalmem() / 2 ** 30) },
       finished_before: finishedBefore.size,
       failed_before: failedBefore.size,
@@ -329,6 +396,7 @@ async function main() {
       records_bytes: recordsBytes,
       server_timings_ms: serverTimings(handle),
       server_cpu_ms: cpuMs,
+      processes_at_all_held: processes,
       restore_floor_ms: floors,
       restore_over_floor: Object.fromEntries(
         Object.entries(floors).map(([name, floor]) => [
@@ -370,6 +438,15 @@ async function main() {
     }
     for (const [what, spent] of Object.entries(cpuMs)) {
       console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
+    }
+    console.log(
+      '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)',
+    );
+    for (const row of processes) {
+      console.log(
+        `${row.process.padEnd(30)} ${String(row.pid).padStart(7)} ${String(row.fds).padStart(7)}` +
+          `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}`,
+      );
     }
     console.log(
       '\nRESTORE FLOOR              WALL (ms)  CPU (ms)  RESTORE / FLOOR  SLOWEST PARTICIPANT',

@@ -50,7 +50,8 @@ export type OptionName =
   | 'format'
   | 'limit'
   | 'num-repeats'
-  | 'tools';
+  | 'tools'
+  | 'watch';
 
 interface OptionSpec {
   readonly type: 'string' | 'boolean';
@@ -143,6 +144,10 @@ const OPTIONS: Readonly<Record<OptionName, OptionSpec>> = {
     value: 'N',
     help: 'NeMo Gym rows: run each row N times (_ng_rollout_index 0…N-1)',
   },
+  watch: {
+    type: 'boolean',
+    help: 'refresh every second until Ctrl-C (one line a refresh when stdout is not a terminal)',
+  },
   tools: {
     type: 'string',
     value: 'TRANSPORT',
@@ -174,9 +179,14 @@ const TIMING: readonly OptionName[] = ['id', 'deadline'];
 export const COMMANDS = {
   status: {
     summary: 'every participant: kind, phase, checkpoint id, lease, retired rollouts, readiness',
-    options: ['deadline'],
+    options: ['deadline', 'watch'],
     required: [],
-    details: 'Asks every gym server of the stack (inference backends excepted) for its status.',
+    details:
+      'Asks every gym server of the stack (inference backends excepted) for its status, and\n' +
+      'lists the workers of a server that runs several. --watch: a live view (phase, in flight,\n' +
+      "held, waiting, workers, the last checkpoint's stage durations) refreshed every second;\n" +
+      'when stdout is not a terminal, one text line a refresh (--json: one JSON object a line).\n' +
+      'Ctrl-C ends it with exit 0.',
   },
   discover: {
     summary: 'find the participants and their kinds',
@@ -364,6 +374,8 @@ export interface Invocation {
   readonly rolloutCount: number;
   /** `demo --tools`. */
   readonly demoTools: DemoToolTransport;
+  /** `status --watch`. */
+  readonly watch: boolean;
 }
 
 export type ParseOutcome =
@@ -555,6 +567,7 @@ function buildInvocation(command: CommandName, values: ParsedValues): Invocation
       demo && rollouts !== undefined ? parseCount('rollouts', rollouts) : DEFAULT_DEMO_ROLLOUTS,
     demoTools:
       tools === undefined ? 'direct_http' : parseChoice('tools', DEMO_TOOL_TRANSPORTS, tools),
+    watch: values.watch === true,
   };
 }
 

@@ -43,6 +43,7 @@ export {
   launchOrder,
   launchStack,
   type LaunchOptions,
+  parentPid,
   RESOLVED_STACK_FILE,
   RUN_FILE,
   SERVER_NODE_FLAGS,
@@ -119,6 +120,7 @@ async function run(invocation: Invocation, io: CliIo): Promise<number> {
     ctx = context;
     const handler = HANDLERS[invocation.command];
     const result = await tracedCommand(invocation, ctx.stack, io.env, () => handler(context));
+    if (result.streamed === true) return result.exitCode;
     if (invocation.json)
       io.stdout.write(jsonDocument(invocation.command, result.exitCode, result.data));
     else io.stdout.write(`${result.text}\n`);

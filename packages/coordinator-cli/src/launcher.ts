@@ -1,7 +1,8 @@
 /**
  * The process launcher: every server of a stack file as its own process (and process group), in
  * dependency order, each started as `node <cli> serve --config <runDir>/stack.yaml --server NAME`
- * and waited for on its health route. `up`, `down`, `crash`, the demo and the e2e suite's
+ * and waited for on its health route. A server with `num_workers: N` is its primary process and
+ * the N workers it forks, all in its group. `up`, `down`, `crash`, the demo and the e2e suite's
  * deployment helper are built on it.
  *
  * The run directory holds `run.json` (names, kinds, pids, ports, URLs, log paths), `stack.yaml`
@@ -78,7 +79,10 @@ export interface StackHandle {
   startServer(name: string): Promise<LaunchedServer>;
   /** SIGKILLs every gym process group; the inference backend is kept unless `all`. */
   crash(opts?: { all?: boolean }): Promise<void>;
-  /** SIGTERM to every group (environment first), SIGKILL to what is left after the grace. */
+  /**
+   * SIGTERM to every group (environment first), SIGKILL to what is left after the grace. A
+   * server's workers share its group: each stops on its own signal, as its primary asks too.
+   */
   stop(opts?: { graceMs?: number }): Promise<void>;
   /** Fresh processes, on the same ports, for every launched server whose process is gone. */
   restart(): Promise<void>;
@@ -217,15 +221,36 @@ export interface LaunchedChild {
   readonly launchId: string;
 }
 
-/** Whether a `/health` reply body comes from `child` itself. */
-export function provesLaunchedChild(body: unknown, child: LaunchedChild): boolean {
+/** The parent of process `pid`, from /proc (Linux); undefined when it cannot be read. */
+export function parentPid(pid: number): number | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // `pid (comm) state ppid …`; comm may itself hold ') '.
+    const ppid = Number(stat.slice(stat.lastIndexOf(') ') + 2).split(' ')[1]);
+    return Number.isSafeInteger(ppid) ? ppid : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * Whether a `/health` reply body comes from `child` itself, or from one of its workers: a server
+ * with several workers answers from a worker, a process the child forked (which inherits the
+ * nonce), so its pid is the worker's and its parent is the child.
+ */
+export function provesLaunchedChild(
+  body: unknown,
+  child: LaunchedChild,
+  parentOf: (pid: number) => number | undefined = parentPid,
+): boolean {
   const reply = body as Partial<HealthReply> | null;
   return (
     typeof reply === 'object' &&
     reply !== null &&
     reply.status === 'ok' &&
-    reply.pid === child.pid &&
-    reply.launch_id === child.launchId
+    reply.launch_id === child.launchId &&
+    typeof reply.pid === 'number' &&
+    (reply.pid === child.pid || parentOf(reply.pid) === child.pid)
   );
 }
 
@@ -332,15 +357,25 @@ async function healthAnswer(url: string, signal: AbortSignal): Promise<HealthAns
 }
 
 /**
- * Polls `url` until `child` itself answers it (call it right after the spawn, before the child can
- * exit). The child's exit ends the wait at once (it aborts the request in flight), not at the
- * timeout; a reply from another process is kept to name it.
+ * Whether a server's log holds its listening line: `serve` prints it once the server accepts
+ * calls, and a server with several workers only once every worker listens (one alone answers
+ * `/health` before the others do).
+ */
+export function hasListeningLine(log: string): boolean {
+  return log.split('\n').some((line) => line.startsWith('{"event":"listening"'));
+}
+
+/**
+ * Polls `url` until `child` itself answers it and `announced()` holds (call it right after the
+ * spawn, before the child can exit). The child's exit ends the wait at once (it aborts the request
+ * in flight), not at the timeout; a reply from another process is kept to name it.
  */
 export async function awaitOwnHealth(
   proc: ChildProcess,
   child: LaunchedChild,
   url: string,
   timeoutMs = HEALTH_TIMEOUT_MS,
+  announced: () => boolean = () => true,
 ): Promise<HealthOutcome> {
   const exited = new AbortController();
   let exit: string | undefined;
@@ -353,8 +388,8 @@ export async function awaitOwnHealth(
   while (exit === undefined && Date.now() < until) {
     const answer = await healthAnswer(url, exited.signal);
     if (answer !== undefined && exit === undefined) {
-      if (provesLaunchedChild(answer.body, child)) return { kind: 'healthy' };
-      answeredBy = answererOf(answer);
+      if (!provesLaunchedChild(answer.body, child)) answeredBy = answererOf(answer);
+      else if (announced()) return { kind: 'healthy' };
     }
     await delay(50, undefined, { signal: exited.signal }).catch(() => undefined);
   }
@@ -448,7 +483,9 @@ class RunningStack implements StackHandle {
     child.unref();
     const url = serverUrl(this.stack, name);
     const health = healthUrl(url);
-    const outcome = await awaitOwnHealth(child, { pid, launchId }, health);
+    const outcome = await awaitOwnHealth(child, { pid, launchId }, health, HEALTH_TIMEOUT_MS, () =>
+      hasListeningLine(logSince(logPath, logStart)),
+    );
     if (outcome.kind !== 'healthy') {
       if (outcome.kind === 'timeout') signalGroup(pid, 'SIGKILL');
       const server = { name, host: settings.host, port: settings.port, healthUrl: health };

@@ -11,6 +11,8 @@ export interface CommandResult {
   readonly data: Readonly<Record<string, unknown>>;
   /** Human-readable output for stdout; ends without a newline. */
   readonly text: string;
+  /** The command wrote its output as it went (`status --watch`): nothing more is printed. */
+  readonly streamed?: boolean;
 }
 
 /** Columns padded to their widest cell; the last column is never padded (no trailing spaces). */

@@ -1,7 +1,8 @@
 /**
  * One server of a stack file, built by its kind and app and listening: what `ckpt-gym serve`
  * runs (and so what `up` and the containers run). `serve` is a lookup over the server packages'
- * kinds; each kind builds, listens and closes its servers its own way.
+ * kinds; each kind builds, listens and closes its servers its own way, and core's `startServer`
+ * runs a server with `num_workers: N` as a primary and N forked workers.
  */
 import { agentKind } from '@ckpt-gym/agent-server';
 import {
@@ -13,7 +14,9 @@ import {
   type ServerKindModule,
   serverSettings,
   type ServerSettings,
+  type RunningServer,
   type StackSettings,
+  startServer,
 } from '@ckpt-gym/core/server';
 import { environmentKind } from '@ckpt-gym/environment-server';
 import { FAKE_INFERENCE_APP, fakeInferenceKind } from '@ckpt-gym/fake-inference';
@@ -41,7 +44,21 @@ export function isRunnable(server: ServerSettings): boolean {
   return server.kind !== 'inference' || server.app === FAKE_INFERENCE_APP;
 }
 
-/** Builds the named server and listens on its host and port. */
+/**
+ * The process of `ckpt-gym serve`: the named server of the stack, with its workers when it runs
+ * several (a forked worker re-runs the same command line and gets its share); `print` gets the
+ * listening line, in the primary only.
+ */
+export function serveProcess(
+  stack: StackSettings,
+  name: string,
+  print: (line: string) => void,
+): Promise<RunningServer> {
+  const { kind } = serverSettings(stack, name);
+  return startServer(SERVER_KIND_MODULES[kind], stack, name, {}, print);
+}
+
+/** Builds the named server in this process (one process, whatever its `num_workers`). */
 export function serveServer(
   stack: StackSettings,
   name: string,

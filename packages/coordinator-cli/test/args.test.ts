@@ -71,6 +71,7 @@ describe('parseCommandLine', () => {
       numRepeats: undefined,
       rolloutCount: DEFAULT_DEMO_ROLLOUTS,
       demoTools: 'direct_http',
+      watch: false,
     });
   });
 

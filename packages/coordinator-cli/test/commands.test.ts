@@ -116,6 +116,35 @@ describe('discover and status', () => {
     expect(servers.find((s) => s.server === 'plain')?.participant).toBe(false);
   });
 
+  test('status lists the workers of a server that runs several, with their pids (idle: no readiness)', async () => {
+    stack.participant('policy').statusFields = {
+      workers: [
+        { index: 0, pid: 4101, ready: true },
+        { index: 1, pid: 4102, ready: false },
+      ],
+      expected_workers: 2,
+      lost_workers: 0,
+    };
+    const run = await cli(['status']);
+    expect(run.code).toBe(0);
+    const workers = run.stdout.split('\n\nworkers:\n')[1] ?? '';
+    expect(workers.trimEnd().split('\n')).toEqual([
+      'SERVER  WORKER  PID   READY',
+      'policy  0       4101  -',
+      'policy  1       4102  -',
+    ]);
+  });
+
+  test('status lists no workers when every server runs one process', async () => {
+    stack.participant('policy').statusFields = {
+      workers: [{ index: 0, pid: 4101, ready: true }],
+      expected_workers: 1,
+    };
+    const run = await cli(['status']);
+    expect(run.code).toBe(0);
+    expect(run.stdout).not.toContain('workers:');
+  });
+
   test('a stack with checkpointing off is a clear failure', async () => {
     const off = join(dir, 'off.yaml');
     const text = readFileSync(stack.file, 'utf8').replace('enabled: true', 'enabled: false');

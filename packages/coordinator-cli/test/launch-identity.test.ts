@@ -7,13 +7,16 @@ import { createServer as createHttpServer, type Server } from 'node:http';
 import { createServer as createNetServer, type AddressInfo } from 'node:net';
 
 import { LAUNCH_ID_ENV } from '@ckpt-gym/core/server';
+import { until } from '@ckpt-gym/testing';
 
 import {
   answererOf,
   awaitOwnHealth,
   freePort,
+  hasListeningLine,
   launchFailure,
   listenErrorCode,
+  parentPid,
   provesLaunchedChild,
 } from '../src/launcher.js';
 
@@ -37,6 +40,50 @@ describe('provesLaunchedChild', () => {
     ['an array', [REPLY]],
   ])('%s does not', (_what, body) => {
     expect(provesLaunchedChild(body, CHILD)).toBe(false);
+  });
+});
+
+describe('provesLaunchedChild, a server with several workers', () => {
+  const parents: Record<number, number> = { 5001: 4242, 5002: 4242, 6001: 9999 };
+  const parentOf = (pid: number): number | undefined => parents[pid];
+
+  test('a reply from a worker the child forked, with its launch id, proves it', () => {
+    expect(provesLaunchedChild({ ...REPLY, pid: 5001 }, CHILD, parentOf)).toBe(true);
+  });
+
+  test.each([
+    ["another process's worker", { ...REPLY, pid: 6001 }],
+    [
+      'a worker of the child with another launch id',
+      { ...REPLY, pid: 5002, launch_id: 'launch-b' },
+    ],
+    ['a process whose parent cannot be read', { ...REPLY, pid: 7001 }],
+  ])('%s does not', (_what, body) => {
+    expect(provesLaunchedChild(body, CHILD, parentOf)).toBe(false);
+  });
+
+  test("a real child's child is proved by /proc, another process is not", () => {
+    expect(parentPid(process.pid)).toBe(process.ppid);
+    const child = { pid: process.ppid, launchId: 'launch-a' };
+    expect(provesLaunchedChild({ ...REPLY, pid: process.pid }, child)).toBe(true);
+    expect(
+      provesLaunchedChild({ ...REPLY, pid: process.ppid }, { ...child, pid: process.pid }),
+    ).toBe(false);
+  });
+});
+
+describe('hasListeningLine', () => {
+  test("finds serve's listening line among the log's lines", () => {
+    const line = '{"event":"listening","server":"policy","kind":"model","port":1}';
+    expect(hasListeningLine(`{"level":"info","message":"x"}\n${line}\n`)).toBe(true);
+    expect(hasListeningLine(line)).toBe(true);
+  });
+
+  test('a log without it, or naming it elsewhere in a line, has none', () => {
+    expect(hasListeningLine('')).toBe(false);
+    expect(hasListeningLine('{"level":"info","message":"{\\"event\\":\\"listening\\"}"}\n')).toBe(
+      false,
+    );
   });
 });
 
@@ -172,6 +219,33 @@ describe('awaitOwnHealth against real processes', () => {
       NEVER_MS,
     );
     expect(outcome).toEqual({ kind: 'healthy' });
+  });
+
+  test('a child answering its health route is not up before its listening line (every worker listening)', async () => {
+    const port = await freePort('127.0.0.1');
+    const child = node(serveScript(port), { [LAUNCH_ID_ENV]: 'mine' });
+    let announced = false;
+    let settled = false;
+    const waiting = awaitOwnHealth(
+      child,
+      { pid: child.pid!, launchId: 'mine' },
+      `http://127.0.0.1:${port}/health`,
+      NEVER_MS,
+      () => announced,
+    ).finally(() => (settled = true));
+    await until(
+      () =>
+        fetch(`http://127.0.0.1:${port}/health`).then(
+          (r) => r.ok,
+          () => false,
+        ),
+      'the child answers its health route',
+    );
+    // Several polls of its proven health reply later, still waiting for the line.
+    await new Promise((done) => setTimeout(done, 300));
+    expect(settled).toBe(false);
+    announced = true;
+    expect(await waiting).toEqual({ kind: 'healthy' });
   });
 
   test('a child that dies on a port another server answers ends the wait at its exit', async () => {

@@ -2,8 +2,6 @@
 import { existsSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 
-import { listeningLine } from '@ckpt-gym/core/server';
-
 import { DEFAULT_RUN_DIR, PROGRAM } from '../args.js';
 import { CliFailure, type CommandContext, describe } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
@@ -18,7 +16,7 @@ import {
   type StackHandle,
 } from '../launcher.js';
 import { type CommandResult, table } from '../output.js';
-import { serveServer } from '../serve.js';
+import { serveProcess } from '../serve.js';
 
 /** `received` resolves once SIGTERM or SIGINT arrives; the handlers go then, or on `cancel`. */
 export function untilSignal(): { received: Promise<NodeJS.Signals>; cancel(): void } {
@@ -56,18 +54,21 @@ function serverTable(servers: Iterable<LaunchedServer>): string {
 export async function serveCommand(ctx: CommandContext): Promise<CommandResult> {
   const name = ctx.invocation.server ?? '';
   const signal = untilSignal();
+  // With --json, stdout holds only the closing document; the line goes with the progress.
+  const out = ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout;
   let running;
   try {
-    running = await serveServer(ctx.stack, name);
+    running = await serveProcess(ctx.stack, name, (line) => out.write(`${line}\n`));
   } catch (err) {
     signal.cancel();
     throw err;
   }
-  // With --json, stdout holds only the closing document; the line goes with the progress.
-  (ctx.invocation.json ? ctx.io.stderr : ctx.io.stdout).write(
-    `${listeningLine(running, ctx.stack)}\n`,
-  );
   const received = await signal.received;
+  // From here on the process is ending: a later signal (a worker gets the terminal's SIGINT and
+  // then its primary's SIGTERM) must not turn its clean stop into a kill, during the close or
+  // while it exits.
+  const ignore = (): void => undefined;
+  process.on('SIGTERM', ignore).on('SIGINT', ignore);
   await running.close();
   return {
     exitCode: ExitCode.OK,

@@ -1,4 +1,10 @@
-/** `status`: every gym server of the stack, participant or not, and what its status says. */
+/**
+ * `status`: every gym server of the stack, participant or not, and what its status says (the
+ * workers of a server that runs several too). `status --watch`: the same, refreshed every second
+ * until Ctrl-C.
+ */
+import { setTimeout as delay } from 'node:timers/promises';
+
 import { ControlHttpError, getControl, replyTimeoutMs } from '@ckpt-gym/core/client';
 import { serverUrl } from '@ckpt-gym/core/server';
 
@@ -12,21 +18,25 @@ import {
   stringList,
   table,
 } from '../output.js';
+import {
+  type ServerStatus,
+  type WatchedServer,
+  watchedServer,
+  watchFrame,
+  watchJsonLine,
+  watchLine,
+  workersTable,
+} from '../status-view.js';
+import { untilSignal } from './stack.js';
 
-interface ServerStatus {
-  server: string;
-  kind: string;
-  url: string | null;
-  /** False when the server answers 404: checkpoint routes are not installed. */
-  participant: boolean;
-  status?: Record<string, unknown>;
-  error?: string;
-}
+/** How often `--watch` asks every server again. */
+export const WATCH_INTERVAL_MS = 1000;
 
-export async function statusCommand(ctx: CommandContext): Promise<CommandResult> {
+/** Every gym server's status (inference backends excepted), side by side. */
+async function statusRows(ctx: CommandContext): Promise<ServerStatus[]> {
   const targets = [...ctx.stack.servers.values()].filter((server) => server.kind !== 'inference');
   const timeoutMs = replyTimeoutMs(ctx.nowSeconds() + ctx.probeTimeoutSeconds());
-  const rows = await Promise.all(
+  return Promise.all(
     targets.map(async ({ name, kind }): Promise<ServerStatus> => {
       let url: string | null = null;
       try {
@@ -44,11 +54,17 @@ export async function statusCommand(ctx: CommandContext): Promise<CommandResult>
       }
     }),
   );
+}
+
+export async function statusCommand(ctx: CommandContext): Promise<CommandResult> {
+  if (ctx.invocation.watch) return watchStatus(ctx);
+  const rows = await statusRows(ctx);
   const failures = Object.fromEntries(
     rows.filter((row) => row.error !== undefined).map((row) => [row.server, row.error as string]),
   );
   const failed = Object.keys(failures).length > 0;
   const now = ctx.nowSeconds();
+  const workers = workersTable(rows.map(watchedServer));
   const text = [
     `${ctx.configPath}:`,
     table(
@@ -66,6 +82,7 @@ export async function statusCommand(ctx: CommandContext): Promise<CommandResult>
       ],
       rows.map((row) => [row.server, row.kind, ...statusCells(row, now)]),
     ),
+    ...(workers === '' ? [] : ['', 'workers:', workers]),
     ...(failed ? ['', 'unreachable or failing:', failureTable(failures)] : []),
   ].join('\n');
   return {
@@ -73,6 +90,50 @@ export async function statusCommand(ctx: CommandContext): Promise<CommandResult>
     data: { config: ctx.configPath, servers: rows },
     text,
   };
+}
+
+/** Clears a terminal and puts the cursor home, so each frame replaces the one before. */
+const CLEAR_SCREEN = '\x1b[2J\x1b[H';
+
+/**
+ * Every second, every server once more: a frame on a terminal, else one line a refresh (JSON with
+ * `--json`). A server that fails is shown as failing and asked again; Ctrl-C ends with exit 0.
+ */
+async function watchStatus(ctx: CommandContext): Promise<CommandResult> {
+  const signal = untilSignal();
+  const stopped = new AbortController();
+  const received = signal.received.then(() => {
+    stopped.abort();
+    return undefined;
+  });
+  let refreshes = 0;
+  try {
+    while (!stopped.signal.aborted) {
+      const started = Date.now();
+      const rows = await Promise.race([statusRows(ctx), received]);
+      if (rows === undefined) break;
+      ctx.io.stdout.write(`${watchOutput(ctx, new Date(), rows.map(watchedServer))}\n`);
+      refreshes += 1;
+      const left = WATCH_INTERVAL_MS - (Date.now() - started);
+      await delay(Math.max(0, left), undefined, { signal: stopped.signal }).catch(() => undefined);
+    }
+  } finally {
+    signal.cancel();
+  }
+  return {
+    exitCode: ExitCode.OK,
+    data: { config: ctx.configPath, refreshes },
+    text: '',
+    streamed: true,
+  };
+}
+
+/** One refresh: a JSON line with `--json`, a frame on a terminal, else a text line. */
+function watchOutput(ctx: CommandContext, at: Date, servers: readonly WatchedServer[]): string {
+  if (ctx.invocation.json) return watchJsonLine(at, servers);
+  if ((ctx.io.stdout as { isTTY?: boolean }).isTTY !== true) return watchLine(at, servers);
+  const title = `${ctx.configPath} at ${at.toISOString()} (Ctrl-C exits)`;
+  return `${CLEAR_SCREEN}${watchFrame(title, servers)}`;
 }
 
 function statusCells(row: ServerStatus, now: number): string[] {

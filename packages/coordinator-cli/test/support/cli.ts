@@ -1,5 +1,8 @@
 /** runCli in-process with captured output. */
-import { runCli } from '../../src/index.js';
+import { existsSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+
+import { attachStack, RUN_FILE, runCli } from '../../src/index.js';
 
 export interface CliRun {
   code: number;
@@ -28,4 +31,11 @@ export function isAlive(pid: number): boolean {
   } catch {
     return false;
   }
+}
+
+/** After a test: SIGKILLs what the stack of `<dir>/run` left running, then removes `dir`. */
+export async function removeTestDir(dir: string): Promise<void> {
+  if (existsSync(join(dir, 'run', RUN_FILE)))
+    await attachStack(join(dir, 'run')).crash({ all: true });
+  rmSync(dir, { recursive: true, force: true });
 }

@@ -39,6 +39,8 @@ export class MemoryParticipant extends BaseParticipant<MemoryRecord> {
   readonly restored = new Map<string, EpisodeId>();
   readonly retired: string[] = [];
   parkExportedCalls = 0;
+  /** Merged into the status reply: what a coordinator of several workers adds (`workers`, …). */
+  statusFields: Record<string, unknown> = {};
   #carried: ReadonlySet<string> = new Set();
 
   constructor(kind: ParticipantKind, instance: string) {
@@ -131,8 +133,9 @@ export class MemoryParticipant extends BaseParticipant<MemoryRecord> {
   }
 
   override statusExtra(): Record<string, unknown> {
-    if (this.kind !== 'environment' || !this.listsEpisodes) return {};
+    if (this.kind !== 'environment' || !this.listsEpisodes) return this.statusFields;
     return {
+      ...this.statusFields,
       episodes: [...this.episodes.keys()].sort(),
       restored_pending: [...this.restored.keys()].sort(),
     };

@@ -52,6 +52,7 @@ export {
   type StageName,
   type StageTiming,
 } from '../control/observer.js';
+export { type LastCheckpoint, type LastOperation } from '../control/last-checkpoint.js';
 export { ControlPlane, type ControlPlaneOptions } from '../control/plane.js';
 export {
   type CommitReply,

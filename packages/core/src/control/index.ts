@@ -9,6 +9,7 @@ export {
   type StageName,
   type StageTiming,
 } from './observer.js';
+export { type LastCheckpoint, type LastOperation } from './last-checkpoint.js';
 export * from './phases.js';
 export * from './plane.js';
 export { READINESS_POLL_MS } from './readiness.js';

@@ -32,6 +32,7 @@ import {
   systemClock,
   withinDeadline,
 } from './deadline.js';
+import { LastCheckpointObserver } from './last-checkpoint.js';
 import { Lease } from './lease.js';
 import {
   type ControlObserver,
@@ -89,7 +90,10 @@ export interface ControlPlaneOptions extends ParticipantStorageOptions {
   /** Default LEASE_RETRY_SECONDS. */
   leaseRetrySeconds?: number;
   logger?: Logger;
-  /** Told of every operation, refusal and lease expiry, after the plane's log lines (`logObserver`). */
+  /**
+   * Told of every operation, refusal and lease expiry, after the plane's log lines (`logObserver`)
+   * and its status reply's `last_checkpoint`.
+   */
   observers?: readonly ControlObserver[];
 }
 
@@ -125,6 +129,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
   readonly #leaseGraceSeconds: number;
   readonly #leaseRetrySeconds: number;
   readonly #observer: ControlObserver;
+  readonly #lastCheckpoint: LastCheckpointObserver;
   readonly #storage: ParticipantStorage<R>;
   readonly #lock = new Mutex();
   readonly #resumed = new RecentIds(RESUMED_IDS_KEPT);
@@ -155,7 +160,11 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     const logger = (
       options.logger ?? createLogger({ server: participant.instance, kind: participant.kind })
     ).child({ component: 'control-plane' });
-    this.#observer = fanOut([logObserver(logger), ...(options.observers ?? [])], logger);
+    this.#lastCheckpoint = new LastCheckpointObserver(() => this.#clock.now());
+    this.#observer = fanOut(
+      [logObserver(logger), this.#lastCheckpoint, ...(options.observers ?? [])],
+      logger,
+    );
     this.#storage = new ParticipantStorage(participant, options);
     this.#readiness = new ReadinessWaits(this.#clock);
   }
@@ -173,6 +182,7 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
           lease_expires_at: this.#lease?.expiresAt ?? null,
           retired_rollouts: this.participant.marks.size,
           report: this.participant.readiness(),
+          last_checkpoint: this.#lastCheckpoint.last,
         } as StatusReply,
         this.participant.statusExtra(),
         'status',

@@ -1,6 +1,7 @@
 /** What each control call answers (the bodies of the replies under `/ng-control/v1/checkpoint/`). */
 import type { PrepareReport } from '../participant.js';
 import type { Manifest } from '../store.js';
+import type { LastCheckpoint } from './last-checkpoint.js';
 import type { Phase } from './phases.js';
 
 export interface StatusReply {
@@ -11,6 +12,8 @@ export interface StatusReply {
   lease_expires_at: number | null;
   retired_rollouts: number;
   report: PrepareReport;
+  /** The latest checkpoint's operations with their stage timings; null before the first. */
+  last_checkpoint: LastCheckpoint | null;
   [extra: string]: unknown;
 }
 

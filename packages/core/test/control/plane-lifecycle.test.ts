@@ -411,6 +411,10 @@ describe('status and errors', () => {
         counts: { episodes: 2 },
         restarts: ['x'],
       },
+      last_checkpoint: {
+        checkpoint_id: 'x',
+        operations: { retire: expect.objectContaining({ outcome: 'ok', episodes: 1 }) },
+      },
       accepting: true,
     });
   });

@@ -1,0 +1,96 @@
+// Every process of a launched stack, from /proc (Linux): each server is its process group (a
+// server with several workers: its primary and the workers it forked), and each process's open
+// descriptors and CPU, so a benchmark can show a worker's share next to the other processes'.
+import { readdirSync, readFileSync } from 'node:fs';
+
+/** Clock ticks a second of /proc/<pid>/stat's times (USER_HZ, 100 on Linux). */
+const TICKS_PER_S = 100;
+
+/** The fields of /proc/<pid>/stat after `pid (comm) `: state is [0], ppid [1], pgrp [2], utime [11], stime [12]. */
+function statFields(pid) {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
+}
+
+/** The live processes of group `pgid`, the leader first. */
+export function groupPids(pgid) {
+  const pids = [];
+  for (const name of readdirSync('/proc')) {
+    if (!/^\d+$/.test(name)) continue;
+    try {
+      if (Number(statFields(name)[2]) === pgid) pids.push(Number(name));
+    } catch {
+      // Gone meanwhile.
+    }
+  }
+  return pids.sort((a, b) => (a === pgid ? -1 : b === pgid ? 1 : a - b));
+}
+
+/** One process now: its open descriptors and CPU so far (user + system, and system alone), ms. */
+export function sampleProcess(pid) {
+  const fields = statFields(pid);
+  const [user, system] = [Number(fields[11]), Number(fields[12])];
+  return {
+    pid,
+    ppid: Number(fields[1]),
+    fds: readdirSync(`/proc/${pid}/fd`).length,
+    cpu_ms: ((user + system) * 1000) / TICKS_PER_S,
+    kernel_ms: (system * 1000) / TICKS_PER_S,
+  };
+}
+
+/**
+ * Every process of every server of `handle` (one scan of /proc: do it outside timed work):
+ * `server`, `kind`, `role` (`server` for a server of one process, else `primary` or `worker`),
+ * `worker` (a worker's index, from `workerIndex(server, pid)`, as its server's status lists it)
+ * and `pid`.
+ */
+export function stackMembers(handle, workerIndex = () => undefined) {
+  const members = [];
+  for (const server of handle.servers.values()) {
+    let pids;
+    try {
+      pids = groupPids(server.pid);
+    } catch {
+      continue; // Not Linux.
+    }
+    for (const pid of pids) {
+      const role = pid !== server.pid ? 'worker' : pids.length > 1 ? 'primary' : 'server';
+      const worker = role === 'worker' ? (workerIndex(server.name, pid) ?? null) : undefined;
+      members.push({ server: server.name, kind: server.kind, role, worker, pid });
+    }
+  }
+  return members;
+}
+
+/** Each member now, with its sample (reads only their /proc entries); a process gone is left out. */
+export function sampleMembers(members) {
+  return members.flatMap((member) => {
+    try {
+      return [{ ...member, ...sampleProcess(member.pid) }];
+    } catch {
+      return [];
+    }
+  });
+}
+
+/**
+ * CPU (ms) of each gym server so far, its whole group (every worker): `total` (user + system) and
+ * `kernel` (system only), in the shape of lib/stack.mjs's `serverCpuMs`.
+ */
+export function cpuByServer(samples) {
+  const cpu = { total: {}, kernel: {} };
+  for (const row of samples) {
+    if (row.kind === 'inference') continue;
+    cpu.total[row.server] = (cpu.total[row.server] ?? 0) + row.cpu_ms;
+    cpu.kernel[row.server] = (cpu.kernel[row.server] ?? 0) + row.kernel_ms;
+  }
+  return cpu;
+}
+
+/** A process's label in a table: `policy`, `policy primary`, `policy worker 1`. */
+export function processLabel(row) {
+  if (row.role === 'server') return row.server;
+  if (row.role === 'primary') return `${row.server} primary`;
+  return `${row.server} worker ${row.worker ?? `pid ${row.pid}`}`;
+}
