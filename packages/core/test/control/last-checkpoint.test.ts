@@ -16,6 +16,7 @@ function event(overrides: Partial<OperationEvent>): OperationEvent {
   return {
     operation: 'prepare',
     checkpoint_id: 'c1',
+    started_at: 0,
     outcome: 'ok',
     phase: 'prepared',
     stages: [{ name: 'readiness_wait', ms: 5, cpu_ms: 1 }],
