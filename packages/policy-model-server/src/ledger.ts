@@ -14,7 +14,7 @@
  * ascending order.
  */
 import * as fs from 'node:fs';
-import { mkdir, open, readdir } from 'node:fs/promises';
+import { mkdir, open as openHandle, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { promisify } from 'node:util';
@@ -87,6 +87,8 @@ export interface LedgerManifest {
 // which at thousands of files costs several times the system calls themselves (and GC).
 const stat = promisify(fs.stat);
 const unlink = promisify(fs.unlink);
+const open = promisify(fs.open);
+const write = promisify(fs.write);
 
 // Under a stripe's lock a batch's file work runs synchronously: these calls take tens of
 // microseconds on a local disk, less than each one's trip through the libuv pool and back (at 8k
@@ -137,6 +139,19 @@ function createNow(path: string, text: string | Buffer): void {
     writeAllNow(fd, typeof text === 'string' ? Buffer.from(text) : text);
   } finally {
     fs.closeSync(fd);
+  }
+}
+
+/** A ledger opened to append: every write lands at the end, its data on disk when it returns. */
+const APPEND_FLAGS = fs.constants.O_WRONLY | fs.constants.O_APPEND | fs.constants.O_DSYNC;
+
+/** Opens an existing ledger to append (a path lookup); undefined when there is none. */
+function openToAppendNow(path: string): number | undefined {
+  try {
+    return fs.openSync(path, APPEND_FLAGS);
+  } catch (err) {
+    if (isMissing(err)) return undefined;
+    throw err;
   }
 }
 
@@ -299,8 +314,8 @@ export class CaptureLedger {
   }
 
   /** True when `key` has a fence of its own or its rollout's fence reaches its attempt. */
-  async #fenced(key: string): Promise<boolean> {
-    if (await exists(this.path(key, FENCE_SUFFIX))) return true;
+  #fencedNow(key: string): boolean {
+    if (existsNow(this.path(key, FENCE_SUFFIX))) return true;
     const { rollout_id, attempt } = parseCaptureKey(key);
     return readRolloutFenceNow(this.rolloutFencePath(rollout_id)) >= attempt;
   }
@@ -433,21 +448,28 @@ export class CaptureLedger {
 
   /**
    * Appends one row, durably. A key whose ledger does not exist yet and that is fenced is retired:
-   * the row is discarded ('discarded') instead of bringing the ledger back.
+   * the row is discarded ('discarded') instead of bringing the ledger back. The ledger is opened
+   * with O_DSYNC, so one write both appends the row and waits until its data is on disk: one trip
+   * through the libuv pool instead of five (open, write, sync, stat, close). Only calls that can
+   * wait for the file system's journal go through the pool; the open of an existing file (which
+   * also tells whether it exists, no stat first), the stat and the close are in-memory work and
+   * run here.
    */
   append(key: string, row: JsonObject): Promise<'written' | 'discarded'> {
-    const line = `${encodeJson(row)}\n`;
+    const data = Buffer.from(`${encodeJson(row)}\n`);
     return this.#lockKey(key, async () => {
       const ledger = this.path(key, LEDGER_SUFFIX);
-      const creating = !(await exists(ledger));
-      if (creating && (await this.#fenced(key))) return 'discarded';
-      const handle = await open(ledger, 'a');
+      let fd = openToAppendNow(ledger);
+      const creating = fd === undefined;
+      if (creating && this.#fencedNow(key)) return 'discarded';
+      fd ??= await open(ledger, APPEND_FLAGS | fs.constants.O_CREAT);
       try {
-        await handle.write(line);
-        await handle.sync();
-        this.#extendKnown(key, line, creating, await handle.stat({ bigint: true }));
+        for (let done = 0; done < data.length;) {
+          done += (await write(fd, data, done, data.length - done)).bytesWritten;
+        }
+        this.#extendKnown(key, data, creating, fs.fstatSync(fd, { bigint: true }));
       } finally {
-        await handle.close();
+        fs.closeSync(fd);
       }
       if (creating) await this.syncDirectory();
       return 'written';
@@ -455,11 +477,11 @@ export class CaptureLedger {
   }
 
   /** Keeps the appended row when the file grew by exactly its line since the rows we know. */
-  #extendKnown(key: string, line: string, created: boolean, after: fs.BigIntStats): void {
+  #extendKnown(key: string, line: Buffer, created: boolean, after: fs.BigIntStats): void {
     const known = created ? { rows: [], lines: [], size: 0n, mtimeNs: 0n } : this.#known.get(key);
     this.#known.delete(key);
-    if (known === undefined || known.size + BigInt(Buffer.byteLength(line)) !== after.size) return;
-    const text = line.slice(0, -1);
+    if (known === undefined || known.size + BigInt(line.length) !== after.size) return;
+    const text = line.toString('utf8', 0, line.length - 1);
     known.rows.push(decodeJson(text) as JsonObject);
     known.lines?.push(text);
     this.#remember(key, { ...known, size: after.size, mtimeNs: after.mtimeNs });
@@ -534,7 +556,7 @@ export class CaptureLedger {
   }
 
   async isRetired(key: string): Promise<boolean> {
-    return !(await exists(this.path(key, LEDGER_SUFFIX))) && this.#fenced(key);
+    return !(await exists(this.path(key, LEDGER_SUFFIX))) && this.#fencedNow(key);
   }
 
   /** The key's rows split into records and failures; a retired key is `LedgerRetiredError`. */
@@ -829,9 +851,9 @@ export class CaptureLedger {
    */
   markStarted(key: string): Promise<boolean> {
     return this.#lockKey(key, async () => {
-      if (await this.#fenced(key)) return false;
+      if (this.#fencedNow(key)) return false;
       try {
-        const handle = await open(
+        const handle = await openHandle(
           this.path(key, STARTED_SUFFIX),
           fs.constants.O_CREAT | fs.constants.O_EXCL | fs.constants.O_WRONLY,
         );
