@@ -15,7 +15,7 @@
  */
 import * as fs from 'node:fs';
 import { mkdir, open as openHandle, readdir } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, sep } from 'node:path';
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
 import { promisify } from 'node:util';
 
@@ -120,13 +120,15 @@ function createExclusiveNow(path: string): void {
 /**
  * Writes `text` as the whole content of `path`, in place: truncating a file that holds data to
  * zero (O_TRUNC) makes ext4 start writing it back on close, several times the cost of the write.
+ * Only a file that was longer than `text` is cut to its length: a truncate to the size the file
+ * already has still updates its inode (a journal entry each; an fstat is a read of memory).
  */
 function overwriteNow(path: string, text: string | Buffer): void {
   const data = typeof text === 'string' ? Buffer.from(text) : text;
   const fd = fs.openSync(path, fs.constants.O_WRONLY | fs.constants.O_CREAT);
   try {
     writeAllNow(fd, data);
-    fs.ftruncateSync(fd, data.length);
+    if (fs.fstatSync(fd).size > data.length) fs.ftruncateSync(fd, data.length);
   } finally {
     fs.closeSync(fd);
   }
@@ -294,9 +296,16 @@ export class CaptureLedger {
   readonly #local = new Map<number, Promise<void>>();
   /** The empty file fences are hard links to (see `#fenceNow`). */
   readonly #sharedFence: string;
+  /**
+   * The directory with a trailing separator: a file of ours is the prefix and its name (a capture
+   * key's characters make one path segment), without `join` normalizing it again on every call
+   * (a restore of 8k rollouts names ~50k paths).
+   */
+  readonly #prefix: string;
 
   constructor(readonly dir: string) {
     this.#sharedFence = join(dir, LOCK_DIR, SHARED_FENCE);
+    this.#prefix = join(dir, sep);
   }
 
   /** Creates the directory and its lock directory. */
@@ -306,11 +315,11 @@ export class CaptureLedger {
   }
 
   path(key: string, suffix: string): string {
-    return join(this.dir, `${key}${suffix}`);
+    return `${this.#prefix}${key}${suffix}`;
   }
 
   rolloutFencePath(rolloutId: string): string {
-    return join(this.dir, `${rolloutId}${ROLLOUT_FENCE_SUFFIX}`);
+    return `${this.#prefix}${rolloutId}${ROLLOUT_FENCE_SUFFIX}`;
   }
 
   /** True when `key` has a fence of its own or its rollout's fence reaches its attempt. */
@@ -659,7 +668,10 @@ export class CaptureLedger {
     const removal: RolloutRemoval = { removed: [], absent: [] };
     if (work.size === 0) return removal;
     const stripes = [...new Set([...work.keys()].map(lockStripe))];
-    await this.#withStripes(stripes, async () => {
+    // The batch's directory sync starts once its last change is made and runs while its stripes
+    // are let go (it was after the release already; now the two overlap).
+    let synced: Promise<void> | undefined;
+    const batch = this.#withStripes(stripes, async () => {
       // With every stripe held no other server creates or removes files of these rollouts, so
       // what the batch finds stays true until it is done. A target's later attempts are unknown:
       // list the directory once; a retire alone looks at its keys' files (cheaper than listing a
@@ -689,16 +701,22 @@ export class CaptureLedger {
         if (!noFence) this.#lowerRolloutFenceNow(w.rolloutId, firstAttempt(w.targets));
         this.#installNow(w.targets, targets, files, donors);
       }
-      if (fencedBefore.length === 0) return;
-      // A fence an earlier retire stopped after (before removing the ledger) may not be durable
-      // yet: it is, before the rows it replaces go.
-      await this.syncDirectory();
-      for (const key of fencedBefore) {
-        this.#known.delete(key);
-        (removeNow(this.path(key, LEDGER_SUFFIX)) ? removal.removed : removal.absent).push(key);
+      if (fencedBefore.length > 0) {
+        // A fence an earlier retire stopped after (before removing the ledger) may not be durable
+        // yet: it is, before the rows it replaces go.
+        await this.syncDirectory();
+        for (const key of fencedBefore) {
+          this.#known.delete(key);
+          (removeNow(this.path(key, LEDGER_SUFFIX)) ? removal.removed : removal.absent).push(key);
+        }
       }
+      synced = this.syncDirectory();
     });
-    await this.syncDirectory();
+    await batch.catch(async (err: unknown) => {
+      await synced?.catch(() => undefined);
+      throw err;
+    });
+    await synced;
     return sortRemoval(removal);
   }
 
@@ -770,7 +788,7 @@ export class CaptureLedger {
       if (attempt < from || written.has(name)) continue;
       const staleKey = keyOfFile(name);
       if (staleKey !== undefined) this.#known.delete(staleKey);
-      removeNow(join(this.dir, name));
+      removeNow(this.#prefix + name);
       files.delete(name);
     }
     for (const key of keys) {
