@@ -688,10 +688,13 @@ export class CaptureLedger {
           noFence = false; // it raised the fence
           index ??= await this.listByRollout(work);
         }
+        // The listing's map of the rollout is its own: this turn keeps it up to date.
         const files = index
-          ? new Map((index.files.get(w.rolloutId) ?? []).map((f) => [f.name, f.attempt]))
+          ? (index.files.get(w.rolloutId) ?? new Map<string, number>())
           : this.#probeNow([...w.retired, ...(fenced ?? [])]);
-        w.retired = [...new Set([...w.retired, ...(fenced ?? keysThrough(w, files))])];
+        const more = fenced ?? keysThrough(w, files);
+        w.retired =
+          w.retired.length === 0 ? [...new Set(more)] : [...new Set([...w.retired, ...more])];
         const donors = donorsFor(w, targets, files);
         const donating = new Set(donors.values());
         for (const key of w.retired) {
@@ -855,9 +858,9 @@ export class CaptureLedger {
         continue; // not a capture key: never ours to delete
       }
       if (!rollouts.has(episode.rollout_id)) continue;
-      const list = index.files.get(episode.rollout_id) ?? [];
-      list.push({ name, attempt: episode.attempt });
-      index.files.set(episode.rollout_id, list);
+      let names = index.files.get(episode.rollout_id);
+      if (names === undefined) index.files.set(episode.rollout_id, (names = new Map()));
+      names.set(name, episode.attempt);
     }
     return index;
   }
@@ -942,8 +945,8 @@ const rolloutOfKey = (key: string): string => parseCaptureKey(key).rollout_id;
 /** One rollout's share of a restore or retire batch. */
 /** What one listing of the ledger directory found for the rollouts it was asked about. */
 export interface DirectoryIndex {
-  /** Per-key files (ledgers, fences, started markers, token files) by rollout id. */
-  files: Map<string, { name: string; attempt: number }[]>;
+  /** Per-key files (ledgers, fences, started markers, token files) by rollout id: name to attempt. */
+  files: Map<string, Map<string, number>>;
   /** The rollouts that have a rollout fence. */
   rolloutFences: Set<string>;
 }
