@@ -243,11 +243,21 @@ export function postUpstream(
   url: string,
   options: { json: unknown; headers?: Record<string, string>; signal: AbortSignal },
 ): Promise<Response<string>> {
-  return http
-    .post(url, { ...options, throwHttpErrors: false, retry: { limit: 0 } })
-    .catch((err: unknown) => {
-      throw upstreamFailure(url, err, options.signal);
-    });
+  return upstreamPost(http)(url, options).catch((err: unknown) => {
+    throw upstreamFailure(url, err, options.signal);
+  });
+}
+
+/** Each client's `postUpstream` instance: got merges a call's options into its defaults per call. */
+const upstreamPosts = new WeakMap<Got, Got>();
+
+function upstreamPost(http: Got): Got {
+  let post = upstreamPosts.get(http);
+  if (post === undefined) {
+    post = http.extend({ method: 'POST', throwHttpErrors: false, retry: { limit: 0 } });
+    upstreamPosts.set(http, post);
+  }
+  return post;
 }
 
 function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknown {

@@ -60,11 +60,25 @@ function pythonNumber(n: number): string {
 }
 
 /** Python's ensure_ascii string escaping. */
+const NON_ASCII = /[\u007f-\uffff]/;
+
 function pythonString(s: string): string {
+  if (!NON_ASCII.test(s)) return JSON.stringify(s);
   return JSON.stringify(s).replace(
     /[\u007f-\uffff]/g,
     (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
   );
+}
+
+const SURROGATE = /[\ud800-\udfff]/;
+
+/**
+ * The object's keys in code-point order. Without a surrogate in any key, UTF-16 order (the
+ * default sort's) is code-point order, and it needs no copy of each key per comparison.
+ */
+function sortedKeys(value: object): string[] {
+  const keys = Object.keys(value);
+  return keys.some((key) => SURROGATE.test(key)) ? keys.sort(compareCodePoints) : keys.sort();
 }
 
 /** Code-point order, as Python sorts str keys (UTF-16 order differs above the BMP). */
@@ -86,7 +100,7 @@ export function canonicalPythonJson(value: JsonValue): string {
   if (typeof value === 'number') return pythonNumber(value);
   if (typeof value === 'string') return pythonString(value);
   if (Array.isArray(value)) return `[${value.map(canonicalPythonJson).join(',')}]`;
-  const keys = Object.keys(value).sort(compareCodePoints);
+  const keys = sortedKeys(value);
   return `{${keys.map((k) => `${pythonString(k)}:${canonicalPythonJson(value[k]!)}`).join(',')}}`;
 }
 

@@ -237,8 +237,16 @@ export class SingleAgentTurn implements EnvironmentProtocol {
   readonly checkpointBoundaries = true;
   private readonly transports: readonly ToolTransport[];
 
+  /** The episode's POSTs, their constant options set once (got merges a call's options per call). */
+  private readonly episodePost: Got;
+
   constructor(private readonly options: SingleAgentTurnOptions) {
     this.transports = options.toolTransports ?? ['direct_http'];
+    this.episodePost = options.client.extend({
+      method: 'POST',
+      responseType: 'text',
+      ...(options.checkpointing ? { retry: { limit: 0 } } : {}),
+    });
   }
 
   /**
@@ -276,12 +284,10 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     };
     const cookie = cookieHeader(opts.cookies ?? {});
     if (cookie !== undefined) headers.cookie = cookie;
-    const response = await this.options.client.post(withRolloutPrefix(base, key, path), {
+    const response = await this.episodePost(withRolloutPrefix(base, key, path), {
       body: encodeJson(body),
       headers,
       signal: opts.signal,
-      responseType: 'text',
-      ...(this.options.checkpointing ? { retry: { limit: 0 } } : {}),
     });
     let parsed: JsonValue;
     try {

@@ -147,6 +147,16 @@ describe('the task digest', () => {
     );
   });
 
+  it('sorts keys by code point as Python does, also beside keys above the BMP', () => {
+    // UTF-16 order puts U+1F600 (a surrogate pair) before U+FF61; code-point order after it.
+    expect(canonicalPythonJson({ '\u{1F600}': 1, '\uFF61': 2, b: 3, a: 4 })).toBe(
+      '{"a":4,"b":3,"\\uff61":2,"\\ud83d\\ude00":1}',
+    );
+    expect(canonicalPythonJson({ b: 1, B: 2, a: { z: 1, é: 2 } })).toBe(
+      '{"B":2,"a":{"z":1,"\\u00e9":2},"b":1}',
+    );
+  });
+
   it('does not depend on key order', () => {
     const reordered = {
       task_input: task.task_input,

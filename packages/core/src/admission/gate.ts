@@ -84,27 +84,24 @@ interface Waiter {
 
 const DEFAULT_TAG = 'request';
 
-/** Resolves on the next `fire()`; a fresh one replaces it each time. */
+/**
+ * Resolves on the next `fire()`; a fresh one replaces it each time. The promise is made when
+ * someone waits: every ticket leaving fires, and most leave with nobody waiting.
+ */
 class Wakeup {
-  #promise!: Promise<void>;
-  #resolve!: () => void;
-
-  constructor() {
-    this.#reset();
-  }
-
-  #reset(): void {
-    this.#promise = new Promise<void>((resolve) => (this.#resolve = resolve));
-  }
+  #promise: Promise<void> | undefined;
+  #resolve: (() => void) | undefined;
 
   get next(): Promise<void> {
+    this.#promise ??= new Promise<void>((resolve) => (this.#resolve = resolve));
     return this.#promise;
   }
 
   fire(): void {
     const resolve = this.#resolve;
-    this.#reset();
-    resolve();
+    this.#promise = undefined;
+    this.#resolve = undefined;
+    resolve?.();
   }
 }
 
