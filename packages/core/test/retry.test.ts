@@ -48,6 +48,7 @@ describe('the retry rule', () => {
       checkpoint_conflict: 'never',
       invalid_phase: 'never',
       deadline_exceeded: 'backoff',
+      checkpoint_coordinator_unavailable: 'backoff',
       export_failed: 'never',
       restart_in_scope: 'never',
       retire_incomplete: 'never',
