@@ -9,7 +9,9 @@
  * (`.ckpt-gym/run`, `sdk.mjs`, the example's token-capture directory) is removed.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer as createHttpServer, type Server as HttpServer } from 'node:http';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -155,6 +157,29 @@ function canBind(port: number): Promise<boolean> {
   });
 }
 
+/** An OTLP/HTTP JSON receiver on `port`: the names of the spans posted to it. */
+async function otlpNames(port: number): Promise<{ names: string[]; server: HttpServer }> {
+  const names: string[] = [];
+  const server = createHttpServer((req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (chunk: Buffer) => chunks.push(chunk));
+    req.on('end', () => {
+      const body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as {
+        resourceSpans?: { scopeSpans?: { spans?: { name: string }[] }[] }[];
+      };
+      for (const resource of body.resourceSpans ?? []) {
+        for (const scope of resource.scopeSpans ?? []) {
+          for (const span of scope.spans ?? []) names.push(span.name);
+        }
+      }
+      res.writeHead(200, { 'content-type': 'application/json' }).end('{}');
+    });
+  });
+  server.listen(port, '127.0.0.1');
+  await once(server, 'listening');
+  return { names, server };
+}
+
 // --- the blocks ----------------------------------------------------------------------------------
 
 interface ResultLine {
@@ -255,6 +280,31 @@ describe('README command blocks, on the example ports', () => {
 
       expect(output).toContain('"name":"get_weather"');
       expect(exportedEpisodes(join(RUN_DIR, 'checkpoints/sdk'))).toEqual(['my-rollout']);
+    },
+    BLOCK_TIMEOUT_MS,
+  );
+
+  test(
+    "root README, 'Telemetry': /metrics, one status --watch line, a traced checkpoint reaching a collector on 4318",
+    async () => {
+      const part = section(rootReadme, '### Telemetry');
+      const collector = await otlpNames(4318);
+      let output: string;
+      try {
+        output = await expectBlockRuns(commands(onlyBlock(part, 'sh', 'Telemetry')));
+      } finally {
+        collector.server.close();
+      }
+      expect(output).toContain(
+        'gym_checkpoint_operation_duration_ms_count{server="policy",kind="model",operation="prepare"',
+      );
+      const watchLine = output.split('\n').find((line) => line.startsWith('{"at":'));
+      expect(JSON.parse(watchLine!)).toMatchObject({ servers: expect.any(Array) });
+      expect(existsSync(join(RUN_DIR, 'traced', CONTROLLER_FILE))).toBe(true);
+      // The CLI exports as it exits, each server as `down` stops it.
+      expect(collector.names).toEqual(
+        expect.arrayContaining(['ckpt-gym checkpoint', 'gym.checkpoint.prepare']),
+      );
     },
     BLOCK_TIMEOUT_MS,
   );

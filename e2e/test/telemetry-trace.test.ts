@@ -4,12 +4,15 @@
  * receiver this test runs; with two rollouts in flight, the trace holds the CLI's command span,
  * the controller's operations and prepare stages, and every participant's operation under the
  * stage or operation that called it. A rollout's calls from environment to agent, policy and
- * resources are one trace too. Spans arrive in batches: the test polls the receiver.
+ * resources are one trace too. Spans arrive in batches: the test polls the receiver. And at
+ * `CKPT_GYM_LOG_LEVEL=debug` each server writes one access line per request (data, `/metrics`,
+ * control, 404) with its `x-request-id`, which a rollout carries to every server it reaches.
  */
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 import { CLI_MAIN } from '@ckpt-gym/coordinator-cli';
@@ -215,6 +218,85 @@ scenario(
         else process.env[name] = saved[i];
       });
       receiver.server.close();
+    }
+  },
+  240_000,
+);
+
+/** The access lines (`CKPT_GYM_LOG_LEVEL=debug`) a server wrote to its log, as JSON. */
+function accessLines(dep: Deployment, server: string): Record<string, unknown>[] {
+  return readFileSync(dep.server(server).logPath, 'utf8')
+    .split('\n')
+    .filter((line) => line.startsWith('{'))
+    .map((line) => JSON.parse(line) as Record<string, unknown>)
+    .filter((line) => line.message === 'request' && line.level === 'debug');
+}
+
+scenario(
+  'at debug every server writes one access line per request with its id, and one x-request-id follows a rollout to the backend and the resources server',
+  async () => {
+    const saved = process.env.CKPT_GYM_LOG_LEVEL;
+    process.env.CKPT_GYM_LOG_LEVEL = 'debug';
+    try {
+      const dep = await Deployment.start('native', { tokenCapture: true });
+      const rolloutId = 'e2e-rollout-request-id';
+      const run = await dep.clients.data.post(`${dep.url('env')}/run`, {
+        json: weatherEpisode('rid-1'),
+        headers: { 'x-request-id': rolloutId },
+        retry: { limit: 0 },
+        throwHttpErrors: false,
+      });
+      expect([run.statusCode, run.headers['x-request-id']]).toEqual([200, rolloutId]);
+      // environment → agent → policy → backend: every model call the rollout made carries it.
+      const calls = (await dep.calls()).filter((call) => call.rollout_id === 'rid-1');
+      expect(calls.length).toBeGreaterThan(0);
+      expect(calls.map((call) => call.request_id)).toEqual(calls.map(() => rolloutId));
+
+      // /metrics, a control route and an unknown path on every server: one line each, its id.
+      const probes = [
+        { path: '/metrics', route: '/metrics', status: 200 },
+        { path: '/ng-control/v1/checkpoint/status', route: '/status', status: 200 },
+        { path: '/no-such-route', route: '(unmatched)', status: 404 },
+      ];
+      for (const server of ALL) {
+        for (const [i, probe] of probes.entries()) {
+          const res = await dep.clients.data(`${dep.url(server)}${probe.path}`, {
+            headers: {
+              'x-request-id': `probe-${server}-${i}`,
+              authorization: `Bearer ${dep.token}`,
+            },
+            retry: { limit: 0 },
+            throwHttpErrors: false,
+          });
+          expect([server, probe.path, res.statusCode]).toEqual([server, probe.path, probe.status]);
+        }
+      }
+      // Lines are written when each response closes: poll until the last probe's has landed.
+      await until(
+        () =>
+          ALL.every((server) =>
+            accessLines(dep, server).some((l) => l.request_id === `probe-${server}-2`),
+          ),
+        'the access line of every probe',
+        30_000,
+      );
+      for (const server of ALL) {
+        const lines = accessLines(dep, server);
+        for (const [i, probe] of probes.entries()) {
+          const mine = lines.filter((line) => line.request_id === `probe-${server}-${i}`);
+          expect([server, mine.map((line) => [line.method, line.status])]).toEqual([
+            server,
+            [['GET', probe.status]],
+          ]);
+          expect(String(mine[0]!.route)).toContain(probe.route);
+        }
+        // Every server the rollout reached (the agent's resources server included) logged it.
+        const rollout = lines.filter((line) => line.request_id === rolloutId);
+        expect([server, rollout.length > 0]).toEqual([server, true]);
+      }
+    } finally {
+      if (saved === undefined) delete process.env.CKPT_GYM_LOG_LEVEL;
+      else process.env.CKPT_GYM_LOG_LEVEL = saved;
     }
   },
   240_000,

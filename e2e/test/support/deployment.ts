@@ -58,6 +58,8 @@ export interface CallView {
   returned: boolean;
   dropped: boolean;
   continued_from: string | null;
+  /** The `x-request-id` the call arrived with. */
+  request_id: string | null;
 }
 
 /** A CLI process: its exit code once it exits, and everything it printed so far. */

@@ -146,3 +146,13 @@ test('plain text: one line a refresh while stdout is not a terminal, a server go
   expect(await running.exit).toBe(0);
   expect(running.lines().every((line) => !line.includes('\x1b'))).toBe(true);
 }, 90_000);
+
+test('a reader that goes away (| head -n 1) ends the watch quietly with exit 0', async () => {
+  stack = await startStack(dir);
+  const running = watch(stack.file, ['--json']);
+  await until(() => running.lines().length >= 1, 'one refresh', 30_000);
+  // What `head` does once it has its line: close its end of the pipe.
+  running.child.stdout?.destroy();
+  expect(await running.exit).toBe(0);
+  expect(running.stderr()).toBe('');
+});

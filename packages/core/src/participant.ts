@@ -126,6 +126,11 @@ export interface Participant<R extends CheckpointRecord = CheckpointRecord> {
 
   /** Stops new work and makes in-flight work park at its next boundary. Honours the deadline itself. */
   closeAdmission(request: AdmissionRequest): Promise<void>;
+  /**
+   * A model server's generation-cut round, once admission closed (prepare and restore): separate
+   * from `closeAdmission` so the plane times it as its own stage, `cut_round`.
+   */
+  cutRound?(request: AdmissionRequest): Promise<void>;
   /** Reopens admission and releases parked work; also ends carried restarts. */
   openAdmission(): Promise<void>;
   /** True when nothing is between boundaries. Cheap. */

@@ -26,6 +26,7 @@ import {
   notFoundMiddleware,
   type RequestContext,
 } from '@ckpt-gym/core/server';
+import { REQUEST_ID_HEADER } from '@ckpt-gym/core/client';
 import express, { type Express, type Response } from 'express';
 
 import { type CallRecord, CallLog, TokenStore, completionTokens, promptTokens } from './calls.js';
@@ -120,13 +121,15 @@ function keepAliveWhileWaiting(res: Response, intervalMs: number): () => void {
 
 async function chatCompletion(
   state: FakeInferenceState,
-  { res, body: request, episode, signal }: RequestContext<ChatRequest>,
+  { req, res, body: request, episode, signal }: RequestContext<ChatRequest>,
 ): Promise<void> {
+  const requestId = req.headers[REQUEST_ID_HEADER];
   const { record, rolloutCallIndex } = state.calls.admit({
     episode,
     n_messages: request.messages.length,
     admission: request.admission,
     stream: request.stream,
+    ...(typeof requestId === 'string' ? { request_id: requestId } : {}),
   });
   res.on('finish', () => {
     record.returned = true;

@@ -136,6 +136,8 @@ export interface CallRecord {
   reused_prefix_tokens: number;
   /** Why the call's tokens were not staged (an invalid admission or cut), or null. */
   capture_error: string | null;
+  /** The `x-request-id` the call arrived with (e2e follows one request id across servers). */
+  readonly request_id: string | null;
 }
 
 export interface CallView extends CallRecord {
@@ -148,6 +150,7 @@ export interface NewCall {
   readonly n_messages: number;
   readonly admission: unknown;
   readonly stream: boolean;
+  readonly request_id?: string | undefined;
 }
 
 export interface AdmittedCall {
@@ -184,6 +187,7 @@ export class CallLog {
       continued_from: null,
       reused_prefix_tokens: 0,
       capture_error: null,
+      request_id: call.request_id ?? null,
     };
     this.records.push(record);
     return { record, rolloutCallIndex };

@@ -163,9 +163,12 @@ export class PolicyParticipant extends BaseParticipant<ModelRecord> {
     await this.ledger?.markStarted(key);
   }
 
-  /** Closes admission, then runs the checkpoint's generation-cut round (never fails prepare). */
-  async closeAdmission(request: AdmissionRequest): Promise<void> {
+  async closeAdmission(): Promise<void> {
     this.gate.close();
+  }
+
+  /** The checkpoint's generation-cut round, once admission closed (never fails prepare). */
+  async cutRound(request: AdmissionRequest): Promise<void> {
     await this.cuts?.cutRound(request.checkpointId, request.deadlineTs);
   }
 

@@ -223,6 +223,27 @@ describe('generation cuts', () => {
     expect((await held).status).toBe(200);
   });
 
+  it('the cut round is its own prepare stage: the stage histogram counts cut_round', async () => {
+    const h = await startHarness({ extra: CUTS });
+    await fakeCtl(h.fake, 'hold', { after_calls: 0, after_tokens: 1 });
+    const held = chat(h.url, 'r');
+    await until(async () => (await fakeCalls(h.fake)).length === 1, 'the held call');
+    expect((await prepare(h, 'c1')).body).toMatchObject({ phase: 'prepared' });
+    const cuts = (await fetch(`${h.fake.url}/_ctl/cuts`).then((r) => r.json())) as {
+      cuts: unknown[];
+    };
+    expect(cuts.cuts).toHaveLength(1);
+    const metrics = await fetch(`${h.url}/metrics`).then((r) => r.text());
+    const counted = metrics
+      .split('\n')
+      .filter((line) => line.startsWith('gym_checkpoint_stage_duration_ms_count{'))
+      .filter((line) => line.includes('operation="prepare"') && line.includes('stage="cut_round"'));
+    expect(counted).toEqual([expect.stringMatching(/ 1$/)]);
+    await resume(h, 'c1');
+    await fakeCtl(h.fake, 'release');
+    expect((await held).status).toBe(200);
+  });
+
   it('a call with constrained decoding is never cut', async () => {
     const h = await startHarness({ extra: CUTS });
     await fakeCtl(h.fake, 'hold', { after_calls: 0, after_tokens: 1 });

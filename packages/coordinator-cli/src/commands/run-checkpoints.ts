@@ -6,12 +6,16 @@
  */
 import { join } from 'node:path';
 
+import { inSpan } from '@ckpt-gym/core/client';
+import { ATTR_CHECKPOINT_ID } from '@ckpt-gym/core/server';
+
 import type { Collector } from '../collect.js';
 import type { CollectionDir } from '../collection/files.js';
 import { collectionManifest, type LogHead } from '../collection/resume.js';
 import { type CommandContext, describe, generatedId } from '../context.js';
 import { ExitCode } from '../exit-codes.js';
 import { readControllerRecord } from '../publication.js';
+import { CHECKPOINT_SPAN } from '../tracing.js';
 import { checkpointCommand } from './checkpoint.js';
 import { subContext } from './common.js';
 
@@ -58,8 +62,14 @@ export class CollectionCheckpoints {
 
   async #take(stop: boolean): Promise<void> {
     if (this.stoppedAt !== undefined) return;
-    this.collector.pause();
     const id = generatedId('ckpt');
+    // Each checkpoint its own trace, whatever context the signal or timer fired in.
+    const options = { root: true, attributes: { [ATTR_CHECKPOINT_ID]: id } };
+    await inSpan(CHECKPOINT_SPAN, options, () => this.#checkpoint(id, stop));
+  }
+
+  async #checkpoint(id: string, stop: boolean): Promise<void> {
+    this.collector.pause();
     const target = join(this.dir.root, id);
     const argv = ['checkpoint', '--id', id, '--dir', target, ...(stop ? ['--stop'] : [])];
     const sub = subContext(this.ctx, argv);

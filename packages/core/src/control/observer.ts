@@ -13,6 +13,8 @@ import type { Phase } from './phases.js';
 export type StageName =
   /** prepare and restore: the participant closing admission. */
   | 'close_admission'
+  /** prepare and restore: a model server's generation-cut round, once admission closed. */
+  | 'cut_round'
   /** prepare: until the participant is ready, the deadline passes or the checkpoint changes. */
   | 'readiness_wait'
   /** commit: the participant's export (from before it starts: it may work synchronously). */

@@ -58,7 +58,7 @@ import {
   RecordedReplies,
   sameArgs,
 } from './replay.js';
-import { Installs, readAndInstall } from './restore-work.js';
+import { Installs, readAndInstall, runCutRound } from './restore-work.js';
 import type {
   CommitReply,
   PrepareReply,
@@ -257,12 +257,14 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
     this.#enter('preparing', id);
     this.#renewLease(req.deadline_ts);
     try {
-      await this.participant.closeAdmission({
+      const admission = {
         checkpointId: id,
         deadlineTs: req.deadline_ts,
         carriedRestarts: this.#carriedRestarts,
-      });
+      };
+      await this.participant.closeAdmission(admission);
       watch.lap('close_admission');
+      await runCutRound(this.participant, admission, watch);
     } catch (err) {
       await this.#abandonPrepare('closing admission failed');
       watch.failed(err);

@@ -5,13 +5,24 @@
  * restore that took over last may reopen admission when its failed install finally ends.
  */
 import { CheckpointStateError } from '../errors.js';
-import type { Participant } from '../participant.js';
+import type { AdmissionRequest, Participant } from '../participant.js';
 import type { CheckpointRecord, Manifest } from '../store.js';
 import type { Bound } from './commit-work.js';
 import { Kept } from './deadline.js';
 import type { OperationWatch } from './observer.js';
 import type { RestoreRequest } from './schemas.js';
 import type { ParticipantStorage } from './storage.js';
+
+/** A model server's generation-cut round once admission closed, timed as its own stage. */
+export async function runCutRound(
+  participant: Participant,
+  admission: AdmissionRequest,
+  watch: OperationWatch,
+): Promise<void> {
+  if (participant.cutRound === undefined) return;
+  await participant.cutRound(admission);
+  watch.lap('cut_round');
+}
 
 export class Installs {
   #running: Kept<void> | null = null;
@@ -78,12 +89,14 @@ export async function readAndInstall<R extends CheckpointRecord>(
     }
     // Taking over: an earlier failed restore no longer reopens when its install ends.
     generation = installs.takeOver();
-    await participant.closeAdmission({
+    const admission = {
       checkpointId: req.checkpoint_id,
       deadlineTs: req.deadline_ts,
-      carriedRestarts: new Set(),
-    });
+      carriedRestarts: new Set<string>(),
+    };
+    await participant.closeAdmission(admission);
     watch.lap('close_admission');
+    await runCutRound(participant, admission, watch);
     install = installs.start(() => participant.install(records, req.episode_ids));
     await bound(install.promise);
     watch.lap('install');

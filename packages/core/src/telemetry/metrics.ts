@@ -79,9 +79,9 @@ const MOVES_RECORDS = new Set<string>(['commit', 'restore']);
 
 /** The stages each operation may run (`control/observer.ts` says which runs when). */
 const OPERATION_STAGES: Readonly<Record<ObservedOperation, readonly StageName[]>> = {
-  prepare: ['close_admission', 'readiness_wait'],
+  prepare: ['close_admission', 'cut_round', 'readiness_wait'],
   commit: ['export', 'records_write', 'restored_cleanup', 'park'],
-  restore: ['close_admission', 'read', 'install_wait', 'install'],
+  restore: ['close_admission', 'cut_round', 'read', 'install_wait', 'install'],
   retire: ['install_wait', 'retire_drain'],
 };
 

@@ -6,6 +6,7 @@
  */
 import {
   context,
+  diag,
   propagation,
   type Span,
   type SpanOptions,
@@ -94,7 +95,11 @@ export function tracingPlan(
 /** The running tracing of this process. */
 export interface Tracing {
   readonly serviceName: string;
-  /** Exports what is left and turns tracing off again (the API back to its no-op tracer). */
+  /**
+   * Exports what is left and turns tracing off again (the API back to its no-op tracer). Never
+   * fails: with the collector unreachable the last spans are dropped (reported through the OTel
+   * diag logger, `OTEL_LOG_LEVEL`), and the command or server ends as it would have.
+   */
   shutdown(): Promise<void>;
 }
 
@@ -134,6 +139,8 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
       running = undefined;
       try {
         await provider.shutdown();
+      } catch (err) {
+        diag.warn(`ckpt-gym: the last spans were not exported: ${String(err)}`);
       } finally {
         trace.disable();
         context.disable();

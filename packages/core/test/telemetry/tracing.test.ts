@@ -14,6 +14,7 @@ import { parseStackFile } from '../../src/settings.js';
 import {
   DEFAULT_TRACES_ENDPOINT,
   inSpan,
+  startTracing,
   startTracingFor,
   tracingOn,
   tracingPlan,
@@ -129,5 +130,24 @@ describe('tracing off', () => {
     }
     expect(seen).toHaveLength(1);
     expect(seen[0]!.traceparent).toBeUndefined();
+  });
+});
+
+describe('shutdown', () => {
+  it('never fails when the collector is unreachable: the last spans are dropped and tracing ends', async () => {
+    // A port nothing listens on: take one, then close it.
+    const taken = createServer().listen(0, '127.0.0.1');
+    await once(taken, 'listening');
+    const { port } = taken.address() as AddressInfo;
+    taken.close();
+    await once(taken, 'close');
+
+    const tracing = startTracing({
+      endpoint: `http://127.0.0.1:${port}/v1/traces`,
+      serviceName: 'unreachable',
+    });
+    await inSpan('left to export', {}, async () => undefined);
+    await expect(tracing.shutdown()).resolves.toBeUndefined();
+    expect(tracingOn()).toBe(false);
   });
 });
