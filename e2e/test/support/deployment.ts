@@ -12,7 +12,7 @@
  */
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -41,7 +41,6 @@ import { captureKey, type EpisodeId } from '@ckpt-gym/core/protocol';
 import { type ParticipantKind, readParticipantState } from '@ckpt-gym/core/server';
 import { deadline, type Status, tracked, until } from '@ckpt-gym/testing';
 
-import { serverPorts, withPolicyBin } from './policy-bin.js';
 import { stackYaml, type StackOptions, type StackShape, TOKEN } from './stacks.js';
 
 export type Json = Record<string, unknown>;
@@ -100,7 +99,7 @@ export class Deployment implements AsyncDisposable {
     );
     let handle: StackHandle;
     try {
-      handle = await launch(configPath, runDir, options);
+      handle = await launchStack({ configPath, runDir });
     } catch (err) {
       // The launcher stops what it started when it fails; the logs say why.
       process.stderr.write(`launch of ${shape} failed in ${runDir}:\n${logTails(runDir)}\n`);
@@ -356,27 +355,6 @@ export class Deployment implements AsyncDisposable {
       this.clients.close();
       await rm(this.runDir, { recursive: true, force: true });
     }
-  }
-}
-
-/**
- * The launcher runs the stack; a policy model with several workers runs from its bin beside it
- * (core's server entry forks its workers).
- */
-async function launch(
-  configPath: string,
-  runDir: string,
-  options: StackOptions,
-): Promise<StackHandle> {
-  if ((options.policyWorkers ?? 1) <= 1) return launchStack({ configPath, runDir });
-  const ports = serverPorts(await readFile(configPath, 'utf8'));
-  const only = [...ports.keys()].filter((name) => name !== 'policy');
-  const handle = await launchStack({ configPath, runDir, only });
-  try {
-    return await withPolicyBin(handle, 'policy', ports.get('policy')!);
-  } catch (err) {
-    await handle.crash({ all: true });
-    throw err;
   }
 }
 

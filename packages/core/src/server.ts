@@ -114,7 +114,9 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
 
   let plane: ControlPlane<R> | undefined;
   if (options.checkpoint && options.control) {
-    installControlPlane(app, options.control, options.checkpoint.controlAuthToken, { logger });
+    const { control } = options;
+    if (control.metrics) metrics.addSource(() => control.metrics!());
+    installControlPlane(app, control, options.checkpoint.controlAuthToken, { logger });
   } else if (options.checkpoint) {
     if (!options.participant) {
       throw new ConfigError(

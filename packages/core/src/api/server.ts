@@ -186,6 +186,7 @@ export {
   type GymEvent,
   GymMetrics,
   type GymMetricsOptions,
+  type MetricsJson,
   METRICS_PATH,
 } from '../telemetry/metrics.js';
 export {
@@ -211,6 +212,7 @@ export { Channel, type ChannelOptions } from '../workers/channel.js';
 export {
   WorkerCoordinator,
   type WorkerCoordinatorOptions,
+  type WorkerLoss,
   type WorkerMessage,
 } from '../workers/coordinator.js';
 export {

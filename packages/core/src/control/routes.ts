@@ -14,6 +14,7 @@ import { ConfigError, UnauthorizedError } from '../errors.js';
 import { errorMiddleware, jsonBody, requestSignal } from '../express.js';
 import type { Logger } from '../logging.js';
 import { inOperationSpan } from '../telemetry/checkpoint-spans.js';
+import type { MetricsJson } from '../telemetry/metrics.js';
 import type { CheckpointRecord } from '../store.js';
 import { ControlPlane } from './plane.js';
 import {
@@ -93,6 +94,8 @@ export interface ControlTarget {
     signal: AbortSignal,
     trace?: Readonly<Record<string, string>>,
   ): Promise<object>;
+  /** The coordinator's metrics, for a worker's scrape (a server with several workers only). */
+  metrics?(): Promise<MetricsJson>;
 }
 
 /** The control target of a plane: validates the body once, then runs the route. */

@@ -7,7 +7,15 @@
  * are read from the participant at scrape time: nothing is counted twice on a hot path.
  */
 import type { RequestHandler } from 'express';
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import {
+  AggregatorRegistry,
+  Counter,
+  Gauge,
+  Histogram,
+  type MetricObjectWithValues,
+  type MetricValue,
+  Registry,
+} from 'prom-client';
 
 import type {
   ControlObserver,
@@ -41,6 +49,7 @@ export type GymEvent =
   | 'lease_expiry_failed'
   | 'cut_failed'
   | 'worker_lost'
+  | 'worker_lost_during_checkpoint'
   | 'export_failed'
   | 'park_failed'
   | 'reopen_failed'
@@ -96,6 +105,9 @@ const PLANE_EVENTS: readonly GymEvent[] = [
   'prepare_abandoned',
 ];
 
+/** Another process's metrics, as its registry's JSON (`Registry.getMetricsAsJSON`). */
+export type MetricsJson = MetricObjectWithValues<MetricValue<string>>[];
+
 export interface GymMetricsOptions {
   /** The server's name in the stack file (label `server`). */
   readonly server: string;
@@ -112,6 +124,7 @@ export class GymMetrics {
   readonly #bytes: Counter<'operation'>;
   readonly #events: Counter<'event' | 'code'>;
   readonly #http: Histogram<'method' | 'route' | 'status'>;
+  readonly #sources: (() => Promise<MetricsJson>)[] = [];
 
   constructor(options: GymMetricsOptions) {
     this.registry.setDefaultLabels({ server: options.server, kind: options.kind });
@@ -229,9 +242,22 @@ export class GymMetrics {
     });
   }
 
+  /**
+   * Adds another process's metrics to every scrape, summed series by series with this registry's:
+   * a worker of a server with several workers serves its coordinator's (the primary serves no HTTP).
+   */
+  addSource(source: () => Promise<MetricsJson>): void {
+    this.#sources.push(source);
+  }
+
   /** The text a scrape gets. */
-  scrape(): Promise<string> {
-    return this.registry.metrics();
+  async scrape(): Promise<string> {
+    if (this.#sources.length === 0) return this.registry.metrics();
+    const all = await Promise.all([
+      this.registry.getMetricsAsJSON(),
+      ...this.#sources.map((source) => source()),
+    ]);
+    return AggregatorRegistry.aggregate(all).metrics();
   }
 }
 

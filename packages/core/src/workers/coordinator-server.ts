@@ -14,9 +14,12 @@ import { Channel } from './channel.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import type { NumberedReport, WorkerInfo, WorkerRegistration } from './types.js';
 
-/** A control call forwarded by a worker: a route (or `status`) and its body as received. */
+/**
+ * A control call forwarded by a worker: a route (or `status`, or `metrics` for a scrape) and its
+ * body as received.
+ */
 export interface ForwardedControl {
-  readonly route: ControlRoute | 'status';
+  readonly route: ControlRoute | 'status' | 'metrics';
   readonly body: unknown;
   /** The caller's W3C trace context headers, so the plane's span joins the caller's trace. */
   readonly trace?: Readonly<Record<string, string>>;
@@ -39,6 +42,7 @@ export async function runForwarded(
   channel: Channel,
 ): Promise<unknown> {
   if (forwarded.route === 'status') return target.status();
+  if (forwarded.route === 'metrics') return target.metrics?.() ?? [];
   if (!isRoute(forwarded.route)) {
     throw new InvalidRequestError(`unknown control route ${String(forwarded.route)}`);
   }

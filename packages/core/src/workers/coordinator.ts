@@ -50,6 +50,14 @@ interface LiveWorker extends WorkerInfo {
   leaving: boolean;
 }
 
+/** A worker whose connection closed without a clean stop. */
+export interface WorkerLoss {
+  readonly index: number;
+  readonly pid: number;
+  /** Admission was closed for a checkpoint: the loss blocks it. */
+  readonly duringCheckpoint: boolean;
+}
+
 /** One message per worker, for `callEach`. */
 export interface WorkerMessage {
   readonly kind: string;
@@ -68,8 +76,12 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
   #accepting = true;
   #generation = 0;
   #request: AdmissionRequest | null = null;
-  /** A worker left while admission was closed: what it held is unknown, so this checkpoint is blocked. */
-  #lostWhileClosed = false;
+  /**
+   * The workers lost while admission was closed: what they held is unknown, so this checkpoint is
+   * blocked; the status names them.
+   */
+  #lostWhileClosed: { index: number; pid: number }[] = [];
+  #onLost: ((loss: WorkerLoss) => void) | undefined;
   #lostWorkers = 0;
   #departedWorkers = 0;
   #readiness: PrepareReport | null = null;
@@ -177,7 +189,9 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     this.#departedWorkers += 1;
     const meta = { worker: index, pid: worker.pid };
     if (!worker.leaving) this.#lostWorkers += 1;
-    if (!this.#accepting) this.#lostWhileClosed = true;
+    if (!this.#accepting) this.#lostWhileClosed.push({ index, pid: worker.pid });
+    if (!worker.leaving)
+      this.#onLost?.({ index, pid: worker.pid, duringCheckpoint: !this.#accepting });
     const checkpoint = this.#request?.checkpointId;
     const blocks = this.#accepting ? '' : `; it blocks checkpoint ${checkpoint} from committing`;
     if (worker.leaving) {
@@ -279,7 +293,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
   async openAdmission(): Promise<void> {
     this.#accepting = true;
     this.#request = null;
-    this.#lostWhileClosed = false;
+    this.#lostWhileClosed = [];
     for (const worker of this.#workers.values()) worker.report = null;
     this.notifyChange();
     try {
@@ -304,8 +318,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
       label: this.label,
       expectedWorkers: this.expectedWorkers,
       reported: reports.length,
-      connected: this.#workers.size,
-      lostWhileClosed: this.#lostWhileClosed,
+      lostWhileClosed: this.#lostWhileClosed.length > 0,
     });
     return this.#readiness;
   }
@@ -330,7 +343,17 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
         pid: w.pid,
         ready: w.report !== null && this.merge([w.report]).ready,
       }));
-    return { workers, expected_workers: this.expectedWorkers, lost_workers: this.#lostWorkers };
+    return {
+      workers,
+      expected_workers: this.expectedWorkers,
+      lost_workers: this.#lostWorkers,
+      lost_during_checkpoint: [...this.#lostWhileClosed],
+    };
+  }
+
+  /** Calls `listener` for each worker lost (a clean stop is no loss): the primary counts them. */
+  onWorkerLost(listener: (loss: WorkerLoss) => void): void {
+    this.#onLost = listener;
   }
 
   /** Releases what the coordinator itself holds; called once the workers stopped. */

@@ -13,6 +13,7 @@ import { ControlPlane } from '../control/plane.js';
 import { planeTarget } from '../control/routes.js';
 import type { Logger } from '../logging.js';
 import type { CheckpointSettings, ServerSettings } from '../settings.js';
+import { GymMetrics, type MetricsJson, metricsObserver } from '../telemetry/metrics.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import { serveCoordinator } from './coordinator-server.js';
 import { createRuntimeDir } from './runtime-dir.js';
@@ -57,7 +58,9 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
   let stopCoordinator = async (): Promise<void> => {};
   const env: Record<string, string> = {};
   if (checkpoint && coordinator) {
+    const metrics = coordinatorMetrics(settings, coordinator);
     const plane = new ControlPlane(coordinator, {
+      observers: [metricsObserver(metrics)],
       leaseGraceSeconds: checkpoint.leaseGraceSeconds,
       signingKey: checkpoint.signingKey,
       fileMode: checkpoint.fileMode,
@@ -65,7 +68,8 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
       logger,
     });
     const socketPath = join(dir.path, 'coordinator.sock');
-    const server = await serveCoordinator(coordinator, planeTarget(plane), socketPath, logger);
+    const target = { ...planeTarget(plane), metrics: () => metricsToFrame(metrics) };
+    const server = await serveCoordinator(coordinator, target, socketPath, logger);
     env[COORDINATOR_SOCKET_ENV] = socketPath;
     stopCoordinator = async () => {
       plane.dispose();
@@ -92,6 +96,31 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
     dir.remove();
     throw err;
   }
+}
+
+/**
+ * The coordinator's metrics: its plane's operations and events, and the workers it lost. The
+ * primary serves no HTTP, so every worker's scrape adds these (`ControlTarget.metrics`): whichever
+ * worker a scrape lands on, the server's checkpoint series are the coordinator's, counted once.
+ */
+function coordinatorMetrics(settings: ServerSettings, coordinator: WorkerCoordinator): GymMetrics {
+  const metrics = new GymMetrics({ server: settings.name, kind: settings.kind });
+  // From zero, so `increase` sees the first loss.
+  metrics.countEvent('worker_lost', {}, 0);
+  metrics.countEvent('worker_lost_during_checkpoint', {}, 0);
+  coordinator.onWorkerLost((loss) => {
+    metrics.countEvent('worker_lost');
+    if (loss.duringCheckpoint) metrics.countEvent('worker_lost_during_checkpoint');
+  });
+  return metrics;
+}
+
+/**
+ * The coordinator's metrics as a frame may carry them: prom-client's JSON leaves fields undefined
+ * (`exemplar`), which the faithful codec refuses; plain JSON drops them (no value is NaN).
+ */
+async function metricsToFrame(metrics: GymMetrics): Promise<MetricsJson> {
+  return JSON.parse(JSON.stringify(await metrics.registry.getMetricsAsJSON())) as MetricsJson;
 }
 
 /** Forks `numWorkers` workers and waits until every one listens; one dying first fails the start. */

@@ -20,14 +20,15 @@ export interface WorkersState {
   readonly expectedWorkers: number;
   /** Workers whose report of the current generation is kept. */
   readonly reported: number;
-  readonly connected: number;
   readonly lostWhileClosed: boolean;
 }
 
 /**
  * The coordinator's readiness: the merged report of the workers, blocked while fewer than the
  * expected workers reported or a worker was lost while admission was closed (what it held is
- * unknown, so the checkpoint is blocked rather than weakened).
+ * unknown, so the checkpoint is blocked rather than weakened). Its counts are the workers' counts
+ * summed, nothing more (as NeMo Gym's coordinated participant merges them): an idle server
+ * reports the same counts with one process or N; the workers themselves are in the status.
  */
 export function readinessOf(merged: PrepareReport, workers: WorkersState): PrepareReport {
   const missing: string[] = [];
@@ -38,7 +39,7 @@ export function readinessOf(merged: PrepareReport, workers: WorkersState): Prepa
     ready: merged.ready && missing.length === 0,
     blockers: [...missing, ...merged.blockers].slice(0, MAX_REPORTED_BLOCKERS),
     blocker_count: merged.blocker_count + missing.length,
-    counts: { ...merged.counts, workers: workers.connected },
+    counts: merged.counts,
     restarts: merged.restarts,
   };
 }

@@ -12,6 +12,7 @@ import { episodeIdFromJson } from '../identity.js';
 import type { JsonObject, JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
 import type { ControlTarget } from '../control/routes.js';
+import type { MetricsJson } from '../telemetry/metrics.js';
 import { Channel } from './channel.js';
 import type { ForwardedControl } from './coordinator-server.js';
 import { replyTimeoutMs } from './rules.js';
@@ -127,6 +128,8 @@ export class WorkerLink {
       status: () => forward({ route: 'status', body: null }, MESSAGE_TIMEOUT_MS),
       call: (route, body, _signal, trace = {}) =>
         forward({ route, body: body as JsonValue, trace }, forwardTimeoutMs(body)),
+      metrics: () =>
+        forward({ route: 'metrics', body: null }, MESSAGE_TIMEOUT_MS) as Promise<MetricsJson>,
     };
   }
 

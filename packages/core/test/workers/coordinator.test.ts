@@ -36,6 +36,15 @@ describe('the coordinator: readiness from the workers', () => {
     });
   });
 
+  test("an idle server's report counts what its workers count, not the workers (as one process)", async () => {
+    const toy = await startToy(2);
+    await toy.worker(1);
+    await toy.worker(2);
+    const reply = await toy.plane.prepare(prepare('c1'));
+    expect(reply.phase).toBe('prepared');
+    expect(reply.report.counts).toEqual({});
+  });
+
   test('a worker that has not reported blocks readiness', async () => {
     const toy = await startToy(2);
     await toy.worker(1);
@@ -106,6 +115,41 @@ describe('the coordinator: workers that join and leave', () => {
     expect(warning?.message).toBe(
       'resources worker 2 was lost during checkpoint c1; it blocks that checkpoint from committing',
     );
+  });
+
+  test('a worker lost during a checkpoint is named in the status until admission reopens', async () => {
+    const toy = await startToy(2);
+    await toy.worker(1);
+    const raw = await toy.rawWorker(2);
+    expect((await toy.plane.prepare(prepare('c1'))).phase).toBe('prepared');
+    expect(toy.plane.status()).toMatchObject({ lost_during_checkpoint: [] });
+    raw.socket.destroy();
+    await eventually(() => toy.coordinator.workers().length === 1);
+    expect(toy.plane.status()).toMatchObject({
+      lost_workers: 1,
+      lost_during_checkpoint: [{ index: 2, pid: 90002 }],
+    });
+    await toy.coordinator.openAdmission();
+    expect(toy.plane.status()).toMatchObject({ lost_workers: 1, lost_during_checkpoint: [] });
+  });
+
+  test('each lost worker is told to the loss listener, marked when during a checkpoint; a clean stop is not', async () => {
+    const toy = await startToy(3);
+    const losses: unknown[] = [];
+    toy.coordinator.onWorkerLost((loss) => losses.push(loss));
+    const one = await toy.worker(1);
+    const idle = await toy.rawWorker(2);
+    const busy = await toy.rawWorker(3);
+    await one.link.detach();
+    idle.socket.destroy();
+    await eventually(() => toy.coordinator.workers().length === 1);
+    await toy.plane.prepare(prepare('c1', 0.2));
+    busy.socket.destroy();
+    await eventually(() => toy.coordinator.workers().length === 0);
+    expect(losses).toEqual([
+      { index: 2, pid: 90002, duringCheckpoint: false },
+      { index: 3, pid: 90003, duringCheckpoint: true },
+    ]);
   });
 
   test('a late joiner adopts closed admission, the generation and the retired marks, and reports', async () => {

@@ -84,6 +84,7 @@ interface Body {
   expected_workers?: number;
   lost_workers?: number;
   report?: { blockers: string[] };
+  lost_during_checkpoint?: { index: number; pid: number }[];
 }
 
 /** One HTTP call on a fresh connection (so cluster may hand it to any worker). */
@@ -122,6 +123,37 @@ async function statusWhen(port: number, predicate: (status: Body) => boolean): P
     if (Date.now() > end) throw new Error(`status never matched: ${JSON.stringify(status)}`);
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
+}
+
+/** GET /metrics on a fresh connection (so cluster may hand it to any worker): its text. */
+function scrapeOnce(port: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const req = request({ host: '127.0.0.1', port, path: '/metrics', agent: false }, (res) => {
+      let text = '';
+      res.on('data', (c: Buffer) => (text += c.toString('utf8')));
+      res.on('end', () => resolve(text));
+    });
+    // A connection cluster hands to a worker that just died is never answered: ask again.
+    req.setTimeout(5_000, () => req.destroy(new Error('no answer')));
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+async function scrape(port: number): Promise<string> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await scrapeOnce(port);
+    } catch (err) {
+      if (attempt === 5) throw err;
+    }
+  }
+}
+
+/** The value of the one sample of `metric` whose labels start with `labels` (undefined if none). */
+function sample(text: string, metric: string, labels: string): number | undefined {
+  const line = text.split('\n').find((l) => l.startsWith(`${metric}{${labels},`));
+  return line === undefined ? undefined : Number(line.slice(line.lastIndexOf(' ') + 1));
 }
 
 function runtimeDirsOf(pid: number): string[] {
@@ -176,6 +208,30 @@ describe('a server with two worker processes', () => {
     expect(
       lines.filter((l) => l.level === 'warn' && String(l.message).includes('worker 1')),
     ).toEqual([]);
+  }, 180_000);
+
+  test("a scrape of any worker has the coordinator's series: the worker lost during a checkpoint, the plane's operations", async () => {
+    const { child, port } = await start(2);
+    const [, status] = await control(port, 'status');
+    const events = 'gym_checkpoint_events_total';
+    const prepares = 'gym_checkpoint_operation_duration_ms_count';
+    const before = await scrape(port);
+    expect(sample(before, events, 'event="worker_lost"')).toBe(0);
+    expect(sample(before, events, 'event="worker_lost_during_checkpoint"')).toBe(0);
+    expect(sample(before, prepares, 'operation="prepare",outcome="ok"')).toBe(0);
+    await control(port, 'prepare', { checkpoint_id: 'c1', deadline_ts: deadline() });
+    const victim = status.workers!.find((w) => w.index === 2)!;
+    process.kill(victim.pid, 'SIGKILL');
+    await until(() => !pidAlive(victim.pid));
+    const after = await statusWhen(port, (s) => s.lost_workers === 1);
+    expect(after).toMatchObject({ lost_during_checkpoint: [{ index: 2, pid: victim.pid }] });
+    const text = await scrape(port);
+    expect(sample(text, events, 'event="worker_lost"')).toBe(1);
+    expect(sample(text, events, 'event="worker_lost_during_checkpoint"')).toBe(1);
+    // The coordinator's plane ran the prepare (a worker runs none): counted once.
+    expect(sample(text, prepares, 'operation="prepare",outcome="ok"')).toBe(1);
+    child.kill('SIGTERM');
+    await once(child, 'exit');
   }, 180_000);
 
   test('workers that lose their primary stop themselves with a non-zero exit', async () => {
