@@ -13,6 +13,7 @@ import { ControlPlane } from '../control/plane.js';
 import { planeTarget } from '../control/routes.js';
 import type { Logger } from '../logging.js';
 import type { CheckpointSettings, ServerSettings } from '../settings.js';
+import { tracingObserver } from '../telemetry/checkpoint-spans.js';
 import { GymMetrics, type MetricsJson, metricsObserver } from '../telemetry/metrics.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import { serveCoordinator } from './coordinator-server.js';
@@ -60,7 +61,7 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
   if (checkpoint && coordinator) {
     const metrics = coordinatorMetrics(settings, coordinator);
     const plane = new ControlPlane(coordinator, {
-      observers: [metricsObserver(metrics)],
+      observers: [metricsObserver(metrics), tracingObserver()],
       leaseGraceSeconds: checkpoint.leaseGraceSeconds,
       signingKey: checkpoint.signingKey,
       fileMode: checkpoint.fileMode,
