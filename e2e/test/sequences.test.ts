@@ -54,6 +54,8 @@ interface Rollout {
 class Sequence {
   readonly rollouts: Rollout[];
   readonly failures: string[] = [];
+  /** A crash is killing the gym's processes one group after another. */
+  #crashing = false;
   readonly committed: string[] = [];
   attemptsDispatched = 0;
   checkpoints = 0;
@@ -99,11 +101,23 @@ class Sequence {
       r.reward = (body.result as { reward?: unknown } | null)?.reward;
     } else if (outcome === 'refused') {
       r.state = 'refused';
+    } else if (outcome === 'failed' && this.#cutByCrash(r, body)) {
+      // Handled as a cut: the rollout starts over after the restore.
     } else if (outcome === 'failed') {
       this.failures.push(`${captureKey(ep(r.id, r.attempt))}: ${JSON.stringify(body)}`);
       r.state = 'done';
     }
     // 'stale' (retired) and 'cut' (crash) are handled by whoever retired or crashed.
+  }
+
+  /**
+   * A restart (a rollout on MCP tools) runs through the checkpoint; when the crash kills the
+   * resources server before its environment, the environment can still answer the cut call as a
+   * non-terminal failure, which is the crash cutting it (it starts over), not a failed rollout.
+   */
+  #cutByCrash(r: Rollout, body: Record<string, unknown>): boolean {
+    const failure = body.failure as { terminal?: unknown } | null | undefined;
+    return this.#crashing && r.env === MCP_ENV && failure?.terminal === false;
   }
 
   running(): Rollout[] {
@@ -224,12 +238,14 @@ class Sequence {
     this.log.push(`checkpoint ${id}: crash and restore (${[...exported].join(',')})`);
     const restoredEpisodes: EpisodeId[] = [...exported].map(parseCaptureKey);
     const continued = this.running();
+    this.#crashing = true;
     await this.dep.crashAndRestore(id, restoredEpisodes, {
       beforeRestart: async () => {
         await this.dep.backend('/_ctl/gate', { closed: true });
       },
     });
     await Promise.all(continued.map((r) => r.settled));
+    this.#crashing = false;
     for (const r of this.rollouts) {
       if (exported.has(captureKey(ep(r.id, r.attempt)))) {
         r.attempt += 1;
