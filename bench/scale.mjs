@@ -10,7 +10,8 @@
 //
 //   npm run build && npm run bench -- scale --rollouts 8000 [--policy-workers 2]
 //
-// `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
+// `--profile-restore DIR` writes each process's CPU profile over the restore (`<pid>.cpuprofile`)
+// into DIR. `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
 // per-stage times and every process's descriptors and CPU (each worker beside the other
 // processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
 // or --out).
@@ -35,6 +36,7 @@ import { parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
+import { cpuProfileEnv } from './lib/profile.mjs';
 import { cpuByServer, processLabel, sampleMembers, stackMembers } from './lib/processes.mjs';
 import { difference, episodeBody } from './lib/stack.mjs';
 
@@ -44,6 +46,7 @@ const { values: flags } = parseArgs({
     out: { type: 'string' },
     'keep-dir': { type: 'boolean', default: false },
     'policy-workers': { type: 'string', default: '1' },
+    'profile-restore': { type: 'string' },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -203,7 +206,12 @@ async function main() {
     console.error(`${name}: ${timings[name]} s`);
     return value;
   };
-  const handle = await time('launch', () => launchStack({ configPath: source, runDir }));
+  const profiles = flags['profile-restore'] && resolve(flags['profile-restore']);
+  if (profiles) mkdirSync(profiles, { recursive: true });
+  const env = profiles ? { ...process.env, ...cpuProfileEnv(profiles) } : undefined;
+  const handle = await time('launch', () =>
+    launchStack({ configPath: source, runDir, ...(env ? { env } : {}) }),
+  );
   // Interrupted: no server outlives the benchmark.
   for (const signal of ['SIGINT', 'SIGTERM']) {
     process.once(signal, () => {
@@ -334,10 +342,16 @@ async function main() {
     await time('restart', () => handle.restart());
     const freshMembers = stackMembers(handle);
     const fresh = participants();
+    // --profile-restore: every process (each worker too) profiled over the restore alone.
+    const toggleProfiles = () => {
+      for (const member of profiles ? freshMembers : []) process.kill(member.pid, 'SIGUSR2');
+    };
     const restored = await time('restore', async () => {
+      toggleProfiles();
       const { value, spent, kernel } = await cpuDuring(freshMembers, () =>
         restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
       );
+      toggleProfiles();
       cpuMs.restore = spent;
       cpuMs['restore, kernel only'] = kernel;
       return value;
