@@ -505,6 +505,23 @@ describe('CaptureLedger files', () => {
     expect(await readFile(join(ledger.dir, 'r.rollout.retired'), 'utf8')).toBe('1\n');
   });
 
+  it('a restore batch over 1,000 rollouts holds at most 64 stripe locks, each a directory on disk', async () => {
+    let held = -1;
+    class Listed extends CaptureLedger {
+      // Called while the batch holds all its stripes.
+      override async listByRollout(rollouts: ReadonlyMap<string, unknown>) {
+        held = (await readdir(join(this.dir, '.locks'))).filter((n) => n.endsWith('.lock')).length;
+        return super.listByRollout(rollouts);
+      }
+    }
+    const ledger = await new Listed(await tempDir()).init();
+    const ids = Array.from({ length: 1000 }, (_, i) => `q${i}`);
+    await ledger.restore(new Map(ids.map((id) => [`${id}-a1`, [row(id)]])), []);
+    expect(held).toBeGreaterThan(0);
+    expect(held).toBeLessThanOrEqual(64);
+    expect(await rowsOf(ledger, [`${ids[0]}-a1`])).toEqual([[row(ids[0]!)]]);
+  });
+
   it('a batch takes its stripes in ascending order, waiting for a held one with none above it held', async () => {
     const ledger = await ledgerAt();
     const ids = Array.from({ length: 16 }, (_, i) => `r${i}`);

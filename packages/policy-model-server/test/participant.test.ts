@@ -61,6 +61,37 @@ function restore(h: Harness, id: string, dir: string, scope: string[]) {
   });
 }
 
+/**
+ * Restores a checkpoint whose one record (episode r) holds `rows` as these texts, past
+ * DEFER_DECODE_MIN_BYTES when a row is padded; returns the text of r-a1's ledger file.
+ */
+async function restoreRowTexts(rows: readonly string[]) {
+  const dir = await tempDir();
+  await writeParticipantState({
+    checkpointDir: dir,
+    kind: 'model',
+    instance: 'policy',
+    checkpointId: 'c1',
+    records: [
+      {
+        episode_id: { rollout_id: 'r', attempt: 0 },
+        [RECORD_FIELDS_JSON]: [`"rows":[${rows.join(', ')}],"generation_cuts":[]`],
+      },
+    ],
+  });
+  const captureDir = await tempDir();
+  const h = await startHarness({ fake: await startFake(), captureDir });
+  expect((await restore(h, 'c1', dir, ['r'])).body).toMatchObject({ restored: ['r-a1'] });
+  // Whatever the text, the ledger holds the rows as stamped after decoding.
+  expect(await h.server.ledger!.exportRows('r-a1')).toEqual(
+    stampRows(
+      rows.map((r) => JSON.parse(r) as JsonObject),
+      'r',
+    ),
+  );
+  return readFile(join(captureDir, 'r-a1.lineage.jsonl'), 'utf8');
+}
+
 const ls = async (dir: string) => (await readdir(dir)).filter((f) => f !== '.locks').sort();
 
 describe('commit', () => {
@@ -171,6 +202,30 @@ describe('restore', () => {
     ]);
   });
 
+  it('a restore stamps a row whose capture_key is null in the checkpoint’s text, not encoded again, unless the name is not its one top-level member', async () => {
+    const pad = 'x'.repeat(20_000);
+    const rows = [
+      `{"model_call_id": "m1", "capture_key": null, "pad": "${pad}"}`,
+      '{"model_call_id": "m2", "capture_key" : "" }',
+      // Nested or repeated: the name's one occurrence is not the top-level member, so encoded.
+      '{"capture\\u005fkey": null, "x": {"capture_key": null}}',
+      '{"capture_key": null, "capture_key": null}',
+      // The codec's text of 1 is only the start of this value: encoded.
+      '{"capture_key": 1.5e0, "n": 1}',
+    ];
+    const ledgerText = await restoreRowTexts(rows);
+    expect(ledgerText).toBe(
+      [
+        `{"model_call_id": "m1", "capture_key": "r", "pad": "${pad}"}`,
+        '{"model_call_id": "m2", "capture_key" : "r" }',
+        '{"capture_key":"r","x":{"capture_key":null}}',
+        '{"capture_key":"r"}',
+        '{"capture_key":"r","n":1}',
+        '',
+      ].join('\n'),
+    );
+  });
+
   it('a restore writes each ledger row as the checkpoint’s text, the stamp appended, not decoded and encoded again', async () => {
     // Rows as another writer spaced them: what the ledger gets shows whether they were re-encoded.
     // Past DEFER_DECODE_MIN_BYTES: a smaller record is decoded whole and its rows encoded again.
@@ -181,23 +236,8 @@ describe('restore', () => {
       '{"model_call_id": "m3", "capture_key": "q"}',
       '{}',
     ];
-    const dir = await tempDir();
-    await writeParticipantState({
-      checkpointDir: dir,
-      kind: 'model',
-      instance: 'policy',
-      checkpointId: 'c1',
-      records: [
-        {
-          episode_id: { rollout_id: 'r', attempt: 0 },
-          [RECORD_FIELDS_JSON]: [`"rows":[${rows.join(', ')}],"generation_cuts":[]`],
-        },
-      ],
-    });
-    const captureDir = await tempDir();
-    const h = await startHarness({ fake: await startFake(), captureDir });
-    expect((await restore(h, 'c1', dir, ['r'])).body).toMatchObject({ restored: ['r-a1'] });
-    expect(await readFile(join(captureDir, 'r-a1.lineage.jsonl'), 'utf8')).toBe(
+    const ledgerText = await restoreRowTexts(rows);
+    expect(ledgerText).toBe(
       [
         `{"model_call_id": "m1", "route": "chat.completions", "pad": "${pad}","capture_key":"r"}`,
         '{"failure_reason": "x"}',
@@ -205,12 +245,6 @@ describe('restore', () => {
         '{"capture_key":"r"}',
         '',
       ].join('\n'),
-    );
-    expect(await h.server.ledger!.exportRows('r-a1')).toEqual(
-      stampRows(
-        rows.map((r) => JSON.parse(r) as JsonObject),
-        'r',
-      ),
     );
   });
 
