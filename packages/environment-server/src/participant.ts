@@ -99,9 +99,21 @@ export function canonicalPythonJson(value: JsonValue): string {
   if (typeof value === 'bigint') return value.toString();
   if (typeof value === 'number') return pythonNumber(value);
   if (typeof value === 'string') return pythonString(value);
-  if (Array.isArray(value)) return `[${value.map(canonicalPythonJson).join(',')}]`;
-  const keys = sortedKeys(value);
-  return `{${keys.map((k) => `${pythonString(k)}:${canonicalPythonJson(value[k]!)}`).join(',')}}`;
+  // Appended in place: no array of parts per object (this runs on every episode's task).
+  if (Array.isArray(value)) {
+    let out = '[';
+    for (let i = 0; i < value.length; i += 1) {
+      if (i > 0) out += ',';
+      out += canonicalPythonJson(value[i]!);
+    }
+    return `${out}]`;
+  }
+  let out = '{';
+  for (const key of sortedKeys(value)) {
+    if (out.length > 1) out += ',';
+    out += `${pythonString(key)}:${canonicalPythonJson(value[key]!)}`;
+  }
+  return `${out}}`;
 }
 
 /** SHA-256 (hex) of the task's canonical JSON: a restored record continues only the same task. */

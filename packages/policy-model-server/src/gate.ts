@@ -127,7 +127,10 @@ export class PolicyGate {
    */
   async deliver(ticket: Ticket, signal?: AbortSignal): Promise<void> {
     const live = ticket as LiveTicket;
-    await this.admission.waitOpen(signal ? AbortSignal.any([signal, live.signal]) : live.signal);
+    // Open (the usual case): nothing to wait for, so no combined signal is built (costly).
+    if (!this.admission.isOpen) {
+      await this.admission.waitOpen(signal ? AbortSignal.any([signal, live.signal]) : live.signal);
+    }
     live.signal.throwIfAborted();
     live.responseStarted = true;
     this.#undelivered.delete(live);

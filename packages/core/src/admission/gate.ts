@@ -70,9 +70,46 @@ export interface AdmissionGateOptions {
   retiredError?: (ticket: AdmissionTicket) => CkptGymError;
 }
 
-interface LiveTicket extends AdmissionTicket {
-  readonly controller: AbortController;
-  readonly settle: () => void;
+/**
+ * A ticket whose signal and `left` promise are made when first read: most tickets are never
+ * aborted or waited for, and an AbortController per request is the gate's largest cost.
+ */
+class LiveTicket implements AdmissionTicket {
+  #controller: AbortController | undefined;
+  #left: Promise<void> | undefined;
+  #settle: (() => void) | undefined;
+  #gone = false;
+
+  constructor(
+    readonly episode: EpisodeId | undefined,
+    readonly key: string,
+    readonly tag: string,
+  ) {}
+
+  get signal(): AbortSignal {
+    this.#controller ??= new AbortController();
+    return this.#controller.signal;
+  }
+
+  get left(): Promise<void> {
+    if (this.#left === undefined) {
+      this.#left = this.#gone
+        ? Promise.resolve()
+        : new Promise<void>((resolve) => (this.#settle = resolve));
+    }
+    return this.#left;
+  }
+
+  /** Only the first abort counts. */
+  abort(reason: Error): void {
+    this.#controller ??= new AbortController();
+    if (!this.#controller.signal.aborted) this.#controller.abort(reason);
+  }
+
+  settle(): void {
+    this.#gone = true;
+    this.#settle?.();
+  }
 }
 
 interface Waiter {
@@ -330,17 +367,7 @@ export class AdmissionGate {
       typeof options.key === 'function'
         ? options.key()
         : (options.key ?? (episode ? captureKey(episode) : ''));
-    const { promise, settle } = settled();
-    const controller = new AbortController();
-    const ticket: LiveTicket = {
-      episode,
-      key,
-      tag: options.tag ?? DEFAULT_TAG,
-      signal: controller.signal,
-      left: promise,
-      controller,
-      settle,
-    };
+    const ticket = new LiveTicket(episode, key, options.tag ?? DEFAULT_TAG);
     this.#served = true;
     this.#inFlight += 1;
     addTo(this.#byTag, ticket.tag, ticket);
@@ -419,7 +446,7 @@ export class AdmissionGate {
 
   /** Stops one ticket's work with `reason`; only the first abort counts. */
   abort(ticket: AdmissionTicket, reason: Error): void {
-    if (!ticket.signal.aborted) (ticket as LiveTicket).controller.abort(reason);
+    (ticket as LiveTicket).abort(reason);
   }
 
   /** The gate's state as plain JSON (see the file comment). */

@@ -92,6 +92,24 @@ describe('AdmissionGate', () => {
     expect(gate.holds(r(2), 'call')).toBe(true);
   });
 
+  test('a ticket retired before anyone read its signal still reads aborted, with the retire reason, and its left resolves', async () => {
+    const gate = new AdmissionGate();
+    const ticket = gate.enter({ episode: r(1), tag: 'call' });
+    const retired = gate.retire(r(1));
+    expect(ticket.signal.aborted).toBe(true);
+    expect(ticket.signal.reason).toMatchObject({ code: 'stale_attempt' });
+    gate.abort(ticket, new Error('a second abort'));
+    expect(ticket.signal.reason).toMatchObject({ code: 'stale_attempt' });
+    gate.leave(ticket);
+    await retired;
+    expect(await settled(ticket.left)).toBe(true);
+    // A ticket whose left is first read after it left: already resolved.
+    const quiet = gate.enter({ episode: r(2) });
+    gate.leave(quiet);
+    expect(await settled(quiet.left)).toBe(true);
+    expect(quiet.left).toBe(quiet.left);
+  });
+
   test('until waits for a predicate, checked again as tickets leave', async () => {
     const gate = new AdmissionGate();
     const ticket = gate.enter({ episode: r() });
