@@ -5,6 +5,7 @@
  * its first line, and the API's own no-op tracer answers anything else: no span, no header.
  */
 import {
+  type Context,
   context,
   diag,
   propagation,
@@ -201,6 +202,15 @@ export async function inSpan<T>(
       span.end();
     }
   });
+}
+
+/**
+ * The context a served call runs in: its caller's trace context from `headers` (`traceparent`),
+ * over the active context's other values (the request's scope), never the span the server happened
+ * to be started in.
+ */
+export function callerContext(headers: Record<string, unknown>): Context {
+  return propagation.extract(trace.deleteSpan(context.active()), headers);
 }
 
 /** The tracer while tracing is on. */
