@@ -15,7 +15,8 @@
 // The access-timing lines cost the servers a little (winston's JSON line per request); --no-hops
 // leaves them off (no hop table) to see how much.
 // --telemetry compares tracing off and on instead (checkpointing and capture on in both): with it
-// on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %).
+// on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %),
+// which counts the spans without parsing them: it shares the servers' cores, a real collector does not.
 // --profile runs every server under V8's CPU profiler over the timed rollouts (.cpuprofile files as
 // --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
 // by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.

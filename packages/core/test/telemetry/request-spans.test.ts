@@ -113,6 +113,13 @@ describe('data-plane spans', () => {
     expect(parentOf(one('POST /v1/echo'))).toBe(one('client'));
   });
 
+  it('a request without a traceparent starts its own trace, even on a server started in a span', async () => {
+    const url = await inSpan('startup', {}, () => serve([echoRoute()]));
+    await clients.data.post(`${url}/v1/echo`, { json: {} });
+    await waitForSpans('POST /v1/echo', 1);
+    expect(one('POST /v1/echo').parentSpanContext).toBeUndefined();
+  });
+
   it('a failed route’s span says its status', async () => {
     const url = await serve([echoRoute()]);
     const reply = await clients.data.post(`${url}/v1/echo`, {
