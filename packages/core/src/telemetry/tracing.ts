@@ -219,12 +219,32 @@ export function gymTracer(): Tracer | undefined {
 }
 
 /**
+ * The trace headers of each context calls were made in. A context is immutable and a request's
+ * calls run in its span's one context, so its headers are built once (a request of the
+ * environment makes six calls), not per call; entries go with their context.
+ */
+const injectedHeaders = new WeakMap<Context, Readonly<Record<string, string>>>();
+
+/** The active context's trace headers (`traceparent`, `tracestate`), through the propagator. */
+function activeTraceHeaders(): Readonly<Record<string, string>> {
+  const active = context.active();
+  let headers = injectedHeaders.get(active);
+  if (headers === undefined) {
+    const built: Record<string, string> = {};
+    propagation.inject(active, built);
+    headers = built;
+    injectedHeaders.set(active, headers);
+  }
+  return headers;
+}
+
+/**
  * Writes the active trace context into outgoing `headers` (`traceparent`, `tracestate`): the got
  * clients' `beforeRequest` hook, so every call a traced request makes joins its trace.
  */
 export function injectTraceContext(headers: Record<string, unknown>): void {
   if (running === undefined) return;
-  propagation.inject(context.active(), headers);
+  Object.assign(headers, activeTraceHeaders());
 }
 
 /**
@@ -233,7 +253,5 @@ export function injectTraceContext(headers: Record<string, unknown>): void {
  */
 export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
   if (running === undefined) return headers;
-  const traced = { ...headers };
-  propagation.inject(context.active(), traced);
-  return traced;
+  return { ...headers, ...activeTraceHeaders() };
 }
