@@ -21,6 +21,7 @@
 // --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
 // by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.
 // Prints a table and writes bench/results/throughput.json (or --out).
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
@@ -215,6 +216,9 @@ async function measure(clients, stack, round) {
     await handle.stop({ graceMs: 2000 }).catch(() => undefined);
     await handle.crash({ all: true }).catch(() => undefined);
     await rm(runDir, { recursive: true, force: true });
+    // The stack's capture files, written and deleted, are flushed now, not by the kernel during
+    // the next stack's timed rollouts (which made whichever stack ran second the slower one).
+    execFileSync('sync');
   }
 }
 
