@@ -15,11 +15,13 @@
 // The access-timing lines cost the servers a little (winston's JSON line per request); --no-hops
 // leaves them off (no hop table) to see how much.
 // --telemetry compares tracing off and on instead (checkpointing and capture on in both): with it
-// on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %).
+// on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %),
+// which counts the spans without parsing them: it shares the servers' cores, a real collector does not.
 // --profile runs every server under V8's CPU profiler over the timed rollouts (.cpuprofile files as
 // --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
 // by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.
 // Prints a table and writes bench/results/throughput.json (or --out).
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
@@ -214,6 +216,9 @@ async function measure(clients, stack, round) {
     await handle.stop({ graceMs: 2000 }).catch(() => undefined);
     await handle.crash({ all: true }).catch(() => undefined);
     await rm(runDir, { recursive: true, force: true });
+    // The stack's capture files, written and deleted, are flushed now, not by the kernel during
+    // the next stack's timed rollouts (which made whichever stack ran second the slower one).
+    execFileSync('sync');
   }
 }
 

@@ -15,7 +15,7 @@ import {
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
   type PoolLimits,
 } from './settings.js';
-import { currentRequestScope, requestIdHeaders } from './telemetry/request-id.js';
+import { currentRequestScope, REQUEST_ID_HEADER } from './telemetry/request-id.js';
 
 /** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
 export const KEEP_ALIVE_IDLE_MS = 15_000;
@@ -63,19 +63,21 @@ function keepAliveAgent(pool: string, limits: PoolLimits): Agent {
   });
 }
 
-/** A call made for a request carries its id on, unless the caller set one. */
-const passRequestId: BeforeRequestHook = (options) => {
-  for (const [name, value] of Object.entries(requestIdHeaders())) options.headers[name] ??= value;
+/**
+ * A call made for a request carries its id on (unless the caller set one), and every call the
+ * caller's trace context (`traceparent`) when tracing is on.
+ */
+const passRequestContext: BeforeRequestHook = (options) => {
+  const id = currentRequestScope()?.id;
+  if (id !== undefined) options.headers[REQUEST_ID_HEADER] ??= id;
+  injectTraceContext(options.headers);
 };
-
-/** Every call carries the caller's trace context (`traceparent`), when tracing is on. */
-const propagateTraceContext: BeforeRequestHook = (options) => injectTraceContext(options.headers);
 
 /** Builds the data and control clients; a negative or fractional limit is a `ConfigError`. */
 export function createHttpClients(limits: HttpClientLimits = {}): HttpClients {
   const dataAgent = keepAliveAgent('data', limits.data ?? DEFAULT_DATA_POOL);
   const controlAgent = keepAliveAgent('control', limits.control ?? DEFAULT_CONTROL_POOL);
-  const hooks = { beforeRequest: [passRequestId, propagateTraceContext] };
+  const hooks = { beforeRequest: [passRequestContext] };
   return {
     data: got.extend({ agent: { http: dataAgent }, hooks }),
     control: got.extend({ agent: { http: controlAgent }, retry: { limit: 0 }, hooks }),

@@ -5,10 +5,10 @@
  * plane timed (`tracingObserver`), and `gym.checkpoint.coordinate.<operation>` in the controller
  * with a child per stage it calls in turn.
  */
-import { context, propagation, ROOT_CONTEXT, type Span, SpanKind, trace } from '@opentelemetry/api';
+import { context, type Span, SpanKind, trace } from '@opentelemetry/api';
 
 import type { ControlObserver, OperationEvent, StageName } from '../control/observer.js';
-import { gymTracer, inSpan, tracingOn } from './tracing.js';
+import { callerContext, gymTracer, inSpan, tracingOn } from './tracing.js';
 
 export const ATTR_CHECKPOINT_ID = 'nemo.gym.checkpoint.id';
 export const ATTR_KIND = 'nemo.gym.checkpoint.participant_kind';
@@ -73,8 +73,12 @@ export function inOperationSpan<T>(
     [ATTR_KIND]: who.kind,
     [ATTR_INSTANCE]: who.instance,
   };
-  const parent = propagation.extract(ROOT_CONTEXT, headers);
-  return inSpan(operationSpanName(operation), { kind: SpanKind.SERVER, attributes }, work, parent);
+  return inSpan(
+    operationSpanName(operation),
+    { kind: SpanKind.SERVER, attributes },
+    work,
+    callerContext(headers),
+  );
 }
 
 /**

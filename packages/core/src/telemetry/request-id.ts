@@ -1,14 +1,21 @@
 /**
  * Request ids: every request a gym server serves has one, taken from its `x-request-id` header
  * when that is sane (a bounded, printable token: it lands in log lines and in other servers'
- * headers) and minted otherwise. The id is echoed on the reply and lives in an AsyncLocalStorage
- * while the request's work runs, so every call that work makes to another server carries it (the
+ * headers) and minted otherwise. The id is echoed on the reply and lives in the request's async
+ * context while its work runs, so every call that work makes to another server carries it (the
  * got clients' hook, the policy's backend calls, the agent's MCP connections).
+ *
+ * One async context per request: while tracing is on the scope rides in OpenTelemetry's context
+ * (its context manager is an AsyncLocalStorage already), else in an AsyncLocalStorage of its own.
+ * Two stores would each be copied onto every promise the request's work makes.
  */
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 
+import { context, createContextKey, ROOT_CONTEXT } from '@opentelemetry/api';
+
 import type { Logger } from '../logging.js';
+import { tracingOn } from './tracing.js';
 
 export const REQUEST_ID_HEADER = 'x-request-id';
 
@@ -26,20 +33,31 @@ export interface RequestScope {
   readonly logger: Logger;
 }
 
+/** Where the request's scope is kept while tracing is off. */
 const currentRequest = new AsyncLocalStorage<RequestScope>();
 
-/** Runs `work` (and everything it starts) as part of the request `scope`. */
+/** Where it is kept in OpenTelemetry's context while tracing is on. */
+export const REQUEST_SCOPE_KEY = createContextKey('ckpt-gym request scope');
+
+/**
+ * Runs `work` (and everything it starts) as part of the request `scope`. With tracing on, from the
+ * root context: a request's trace starts from its caller's `traceparent`, never from whatever
+ * context the server's socket was opened in.
+ */
 export function withRequestScope<T>(scope: RequestScope, work: () => T): T {
+  if (tracingOn()) return context.with(ROOT_CONTEXT.setValue(REQUEST_SCOPE_KEY, scope), work);
   return currentRequest.run(scope, work);
 }
 
 /** The request whose work is running, if any. */
 export function currentRequestScope(): RequestScope | undefined {
-  return currentRequest.getStore();
+  // While tracing is off the API's context is always the root: one lookup, then the storage.
+  const traced = context.active().getValue(REQUEST_SCOPE_KEY) as RequestScope | undefined;
+  return traced ?? currentRequest.getStore();
 }
 
 /** The header that passes the current request's id on to another server (none outside a request). */
 export function requestIdHeaders(): Record<string, string> {
-  const id = currentRequest.getStore()?.id;
+  const id = currentRequestScope()?.id;
   return id === undefined ? {} : { [REQUEST_ID_HEADER]: id };
 }

@@ -3,14 +3,7 @@
  * caller's `traceparent` (so one rollout's calls from environment to agent to policy and resources
  * are one trace), named `<METHOD> <route template>` as the HTTP conventions name server spans.
  */
-import {
-  context,
-  propagation,
-  ROOT_CONTEXT,
-  SpanKind,
-  SpanStatusCode,
-  trace,
-} from '@opentelemetry/api';
+import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   ATTR_HTTP_REQUEST_METHOD,
   ATTR_HTTP_RESPONSE_STATUS_CODE,
@@ -19,7 +12,7 @@ import {
 import type { RequestHandler } from 'express';
 
 import { captureKey, requestEpisode } from '../identity.js';
-import { gymTracer } from './tracing.js';
+import { callerContext, gymTracer } from './tracing.js';
 
 /** The episode a data-plane request is part of (its `/ng-rollout/<key>` prefix). */
 export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
@@ -36,7 +29,7 @@ export function traceRequest(route: string): RequestHandler {
       return;
     }
     const episode = requestEpisode(req);
-    const parent = propagation.extract(ROOT_CONTEXT, req.headers);
+    const parent = callerContext(req.headers);
     const span = tracer.startSpan(
       `${req.method} ${route}`,
       {

@@ -5,6 +5,7 @@
  * its first line, and the API's own no-op tracer answers anything else: no span, no header.
  */
 import {
+  type Context,
   context,
   diag,
   propagation,
@@ -203,9 +204,38 @@ export async function inSpan<T>(
   });
 }
 
+/**
+ * The context a served call runs in: its caller's trace context from `headers` (`traceparent`),
+ * over the active context's other values (the request's scope), never the span the server happened
+ * to be started in.
+ */
+export function callerContext(headers: Record<string, unknown>): Context {
+  return propagation.extract(trace.deleteSpan(context.active()), headers);
+}
+
 /** The tracer while tracing is on. */
 export function gymTracer(): Tracer | undefined {
   return running?.tracer;
+}
+
+/**
+ * The trace headers of each context calls were made in. A context is immutable and a request's
+ * calls run in its span's one context, so its headers are built once (a request of the
+ * environment makes six calls), not per call; entries go with their context.
+ */
+const injectedHeaders = new WeakMap<Context, Readonly<Record<string, string>>>();
+
+/** The active context's trace headers (`traceparent`, `tracestate`), through the propagator. */
+function activeTraceHeaders(): Readonly<Record<string, string>> {
+  const active = context.active();
+  let headers = injectedHeaders.get(active);
+  if (headers === undefined) {
+    const built: Record<string, string> = {};
+    propagation.inject(active, built);
+    headers = built;
+    injectedHeaders.set(active, headers);
+  }
+  return headers;
 }
 
 /**
@@ -214,7 +244,7 @@ export function gymTracer(): Tracer | undefined {
  */
 export function injectTraceContext(headers: Record<string, unknown>): void {
   if (running === undefined) return;
-  propagation.inject(context.active(), headers);
+  Object.assign(headers, activeTraceHeaders());
 }
 
 /**
@@ -223,7 +253,5 @@ export function injectTraceContext(headers: Record<string, unknown>): void {
  */
 export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
   if (running === undefined) return headers;
-  const traced = { ...headers };
-  propagation.inject(context.active(), traced);
-  return traced;
+  return { ...headers, ...activeTraceHeaders() };
 }

@@ -2,16 +2,27 @@
  * Request ids over real sockets: minted when the caller sends none, accepted when sane, replaced
  * when not, echoed on the reply, written on the access line, and passed on by the got clients to
  * every server the request's work calls. An upstream failure is logged with its target, without
- * the credentials or query its URL carried.
+ * the credentials or query its URL carried. All of it with tracing off and on: with it on the id
+ * rides in OpenTelemetry's context instead of a storage of its own (one async context per request).
  */
 import { createServer, request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
+import { context } from '@opentelemetry/api';
+
 import { createHttpClients, postUpstream } from '../../src/http-client.js';
 import { gymRoute, mountRoutes } from '../../src/route.js';
 import { createGymApp, listen, type ListeningServer } from '../../src/server.js';
-import { requestIdFor } from '../../src/telemetry/request-id.js';
+import { inOperationSpan } from '../../src/telemetry/checkpoint-spans.js';
+import {
+  currentRequestScope,
+  REQUEST_SCOPE_KEY,
+  type RequestScope,
+  requestIdFor,
+  withRequestScope,
+} from '../../src/telemetry/request-id.js';
 import { captureLogLines } from '../support/log-lines.js';
+import { useInMemoryTracing } from './spans.js';
 
 const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/;
 
@@ -66,127 +77,164 @@ function call(url: string, target: string, headers: Record<string, string> = {})
   });
 }
 
-describe('x-request-id', () => {
-  test('is minted when the caller sends none, a fresh one per request, and echoed', async () => {
-    const upstream = await echoServer();
-    const { url } = await gym();
-    const first = (await call(url, upstream.url)).headers.get('x-request-id');
-    const second = (await call(url, upstream.url)).headers.get('x-request-id');
-    expect(first).toMatch(UUID);
-    expect(second).toMatch(UUID);
-    expect(first).not.toBe(second);
-  });
+describe.each(['off', 'on'])('tracing %s', (tracing) => {
+  if (tracing === 'on') useInMemoryTracing();
 
-  test("a sane caller's id is kept, echoed and passed on to the server the request's work calls", async () => {
-    const upstream = await echoServer();
-    const { url } = await gym();
-    const reply = await call(url, `${upstream.url}/tool`, { 'x-request-id': 'rollout-7.call:3' });
-    expect(reply.headers.get('x-request-id')).toBe('rollout-7.call:3');
-    expect(await reply.json()).toEqual({ id: 'rollout-7.call:3' });
-    expect(upstream.seen).toEqual(['rollout-7.call:3']);
-  });
-
-  test('is passed on when the body arrives after the headers, in a later packet', async () => {
-    const upstream = await echoServer();
-    const { url } = await gym();
-    const { port } = new URL(url);
-    const status = await new Promise<number>((resolve, reject) => {
-      const req = httpRequest(
-        {
-          host: '127.0.0.1',
-          port,
-          path: '/call',
-          method: 'POST',
-          headers: { 'content-type': 'application/json', 'x-request-id': 'slow-body' },
-        },
-        (res) => {
-          res.resume();
-          res.on('end', () => resolve(res.statusCode ?? 0));
-        },
-      );
-      req.on('error', reject);
-      req.flushHeaders();
-      setTimeout(() => req.end(JSON.stringify({ target: upstream.url })), 50);
+  describe('x-request-id', () => {
+    test('is minted when the caller sends none, a fresh one per request, and echoed', async () => {
+      const upstream = await echoServer();
+      const { url } = await gym();
+      const first = (await call(url, upstream.url)).headers.get('x-request-id');
+      const second = (await call(url, upstream.url)).headers.get('x-request-id');
+      expect(first).toMatch(UUID);
+      expect(second).toMatch(UUID);
+      expect(first).not.toBe(second);
     });
-    expect(status).toBe(200);
-    expect(upstream.seen).toEqual(['slow-body']);
-  });
 
-  test('a minted id is the one passed on', async () => {
-    const upstream = await echoServer();
-    const { url } = await gym();
-    const reply = await call(url, upstream.url);
-    const id = reply.headers.get('x-request-id');
-    expect(id).toMatch(UUID);
-    expect(upstream.seen).toEqual([id]);
-  });
+    test("a sane caller's id is kept, echoed and passed on to the server the request's work calls", async () => {
+      const upstream = await echoServer();
+      const { url } = await gym();
+      const reply = await call(url, `${upstream.url}/tool`, { 'x-request-id': 'rollout-7.call:3' });
+      expect(reply.headers.get('x-request-id')).toBe('rollout-7.call:3');
+      expect(await reply.json()).toEqual({ id: 'rollout-7.call:3' });
+      expect(upstream.seen).toEqual(['rollout-7.call:3']);
+    });
 
-  test('an id too long or of other characters is replaced by a minted one', async () => {
-    const upstream = await echoServer();
-    const { url } = await gym();
-    for (const bad of ['x'.repeat(129), 'a b', 'id;drop', '"quoted"', '']) {
-      const reply = await call(url, upstream.url, { 'x-request-id': bad });
+    test('is passed on when the body arrives after the headers, in a later packet', async () => {
+      const upstream = await echoServer();
+      const { url } = await gym();
+      const { port } = new URL(url);
+      const status = await new Promise<number>((resolve, reject) => {
+        const req = httpRequest(
+          {
+            host: '127.0.0.1',
+            port,
+            path: '/call',
+            method: 'POST',
+            headers: { 'content-type': 'application/json', 'x-request-id': 'slow-body' },
+          },
+          (res) => {
+            res.resume();
+            res.on('end', () => resolve(res.statusCode ?? 0));
+          },
+        );
+        req.on('error', reject);
+        req.flushHeaders();
+        setTimeout(() => req.end(JSON.stringify({ target: upstream.url })), 50);
+      });
+      expect(status).toBe(200);
+      expect(upstream.seen).toEqual(['slow-body']);
+    });
+
+    test('a minted id is the one passed on', async () => {
+      const upstream = await echoServer();
+      const { url } = await gym();
+      const reply = await call(url, upstream.url);
       const id = reply.headers.get('x-request-id');
-      expect([bad, UUID.test(id ?? '')]).toEqual([bad, true]);
-      expect(upstream.seen.at(-1)).toBe(id);
-    }
-    expect(requestIdFor('x'.repeat(128))).toBe('x'.repeat(128));
-    expect(requestIdFor(['a', 'b'])).toMatch(UUID);
-  });
-
-  test('outside a request no id is sent', async () => {
-    const upstream = await echoServer();
-    await clients.data.post(upstream.url, { json: {} });
-    expect(upstream.seen).toEqual([undefined]);
-  });
-
-  test('the access line carries the request id with the route template, status and capture key', async () => {
-    const upstream = await echoServer();
-    const { url, lines } = await gym('debug');
-    await fetch(`${url}/ng-rollout/r-3/call`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-request-id': 'abc-123' },
-      body: JSON.stringify({ target: upstream.url }),
+      expect(id).toMatch(UUID);
+      expect(upstream.seen).toEqual([id]);
     });
-    const deadline = Date.now() + 30_000;
-    while (!lines.some((l) => l.message === 'request') && Date.now() < deadline) {
-      await new Promise((resolve) => setTimeout(resolve, 10));
-    }
-    expect(lines.find((l) => l.message === 'request')).toMatchObject({
-      level: 'debug',
-      method: 'POST',
-      route: '/call',
-      status: 200,
-      capture_key: 'r-3',
-      request_id: 'abc-123',
+
+    test('an id too long or of other characters is replaced by a minted one', async () => {
+      const upstream = await echoServer();
+      const { url } = await gym();
+      for (const bad of ['x'.repeat(129), 'a b', 'id;drop', '"quoted"', '']) {
+        const reply = await call(url, upstream.url, { 'x-request-id': bad });
+        const id = reply.headers.get('x-request-id');
+        expect([bad, UUID.test(id ?? '')]).toEqual([bad, true]);
+        expect(upstream.seen.at(-1)).toBe(id);
+      }
+      expect(requestIdFor('x'.repeat(128))).toBe('x'.repeat(128));
+      expect(requestIdFor(['a', 'b'])).toMatch(UUID);
+    });
+
+    test('outside a request no id is sent', async () => {
+      const upstream = await echoServer();
+      await clients.data.post(upstream.url, { json: {} });
+      expect(upstream.seen).toEqual([undefined]);
+    });
+
+    test('the access line carries the request id with the route template, status and capture key', async () => {
+      const upstream = await echoServer();
+      const { url, lines } = await gym('debug');
+      await fetch(`${url}/ng-rollout/r-3/call`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-request-id': 'abc-123' },
+        body: JSON.stringify({ target: upstream.url }),
+      });
+      const deadline = Date.now() + 30_000;
+      while (!lines.some((l) => l.message === 'request') && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+      expect(lines.find((l) => l.message === 'request')).toMatchObject({
+        level: 'debug',
+        method: 'POST',
+        route: '/call',
+        status: 200,
+        capture_key: 'r-3',
+        request_id: 'abc-123',
+      });
+    });
+  });
+
+  describe('upstream failures', () => {
+    test('are logged with their target, without the credentials or query of its URL', async () => {
+      const gone = await echoServer();
+      const port = new URL(gone.url).port;
+      await closers.pop()?.();
+      const { url, lines } = await gym();
+      const target = `http://user:hunter2@127.0.0.1:${port}/v1/tool?api_key=sekrit`;
+      const reply = await call(url, target, { 'x-request-id': 'failing-call' });
+      const body = JSON.stringify(await reply.json());
+      expect([reply.status, body]).toEqual([
+        502,
+        expect.stringContaining(`127.0.0.1:${port}/v1/tool`),
+      ]);
+      const logged = lines.find((l) => l.message === 'upstream call failed');
+      expect(logged).toEqual({
+        level: 'warn',
+        message: 'upstream call failed',
+        timestamp: expect.any(String),
+        target: `http://127.0.0.1:${port}/v1/tool`,
+        request_id: 'failing-call',
+        error: 'ECONNREFUSED',
+      });
+      for (const text of [JSON.stringify(logged), body]) {
+        expect(text).not.toMatch(/hunter2|sekrit|user:/);
+      }
     });
   });
 });
 
-describe('upstream failures', () => {
-  test('are logged with their target, without the credentials or query of its URL', async () => {
-    const gone = await echoServer();
-    const port = new URL(gone.url).port;
-    await closers.pop()?.();
-    const { url, lines } = await gym();
-    const target = `http://user:hunter2@127.0.0.1:${port}/v1/tool?api_key=sekrit`;
-    const reply = await call(url, target, { 'x-request-id': 'failing-call' });
-    const body = JSON.stringify(await reply.json());
-    expect([reply.status, body]).toEqual([
-      502,
-      expect.stringContaining(`127.0.0.1:${port}/v1/tool`),
+describe('one async context per request', () => {
+  useInMemoryTracing();
+
+  test("while tracing is on, the request's id rides in OpenTelemetry's context", async () => {
+    const { logger } = captureLogLines();
+    const app = createGymApp({ name: 'traced', kind: 'agent', checkpoint: undefined, logger });
+    mountRoutes(app.app, [
+      gymRoute({
+        method: 'get',
+        path: '/scope',
+        episode: 'none',
+        run: () => {
+          const scope = context.active().getValue(REQUEST_SCOPE_KEY) as RequestScope | undefined;
+          return { id: scope?.id ?? null };
+        },
+      }),
     ]);
-    const logged = lines.find((l) => l.message === 'upstream call failed');
-    expect(logged).toEqual({
-      level: 'warn',
-      message: 'upstream call failed',
-      timestamp: expect.any(String),
-      target: `http://127.0.0.1:${port}/v1/tool`,
-      request_id: 'failing-call',
-      error: 'ECONNREFUSED',
-    });
-    for (const text of [JSON.stringify(logged), body]) {
-      expect(text).not.toMatch(/hunter2|sekrit|user:/);
-    }
+    const server = await listen(app.finish(), 0);
+    closers.push(() => server.close());
+    const reply = await fetch(`${server.url}/scope`, { headers: { 'x-request-id': 'in-otel' } });
+    expect(await reply.json()).toEqual({ id: 'in-otel' });
+  });
+
+  test("a control operation's span keeps the scope of the request it serves", async () => {
+    const { logger } = captureLogLines();
+    const who = { kind: 'agent', instance: 'a' };
+    const seen = await withRequestScope({ id: 'control-1', logger }, () =>
+      inOperationSpan('prepare', who, 'ckpt-1', {}, async () => currentRequestScope()?.id),
+    );
+    expect(seen).toBe('control-1');
   });
 });

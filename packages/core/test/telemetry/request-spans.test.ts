@@ -7,7 +7,8 @@ import { once } from 'node:events';
 import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { SpanKind } from '@opentelemetry/api';
+import { jest } from '@jest/globals';
+import { propagation, SpanKind } from '@opentelemetry/api';
 import express from 'express';
 
 import { createHttpClients, type HttpClients, postUpstream } from '../../src/http-client.js';
@@ -106,11 +107,45 @@ describe('data-plane spans', () => {
     expect(echo.attributes[ATTR_CAPTURE_KEY]).toBe('r-2');
   });
 
+  it('a request’s calls carry its trace context, built once for all of them', async () => {
+    const downstream = await serve([echoRoute()]);
+    const twice = gymRoute({
+      method: 'post',
+      path: '/twice',
+      episode: 'none',
+      run: async ({ signal }) => {
+        const call = () =>
+          postUpstream(clients.data, `${downstream}/v1/echo`, { json: {}, signal });
+        const replies = [await call(), await call()];
+        return replies.map((reply) => JSON.parse(reply.body) as object);
+      },
+    });
+    const upstream = await serve([twice]);
+    const inject = jest.spyOn(propagation, 'inject');
+    try {
+      const replies = await clients.data.post(`${upstream}/twice`, { json: {} }).json<object[]>();
+      await waitForSpans('POST /twice', 1);
+      const run = one('POST /twice');
+      const traceparent = `00-${traceId(run)}-${run.spanContext().spanId}-01`;
+      expect(replies).toEqual([{ traceparent }, { traceparent }]);
+      expect(inject).toHaveBeenCalledTimes(1);
+    } finally {
+      inject.mockRestore();
+    }
+  });
+
   it('a client’s own span is the parent of the first server’s span', async () => {
     const url = await serve([echoRoute()]);
     await inSpan('client', {}, () => clients.data.post(`${url}/v1/echo`, { json: {} }));
     await waitForSpans('POST /v1/echo', 1);
     expect(parentOf(one('POST /v1/echo'))).toBe(one('client'));
+  });
+
+  it('a request without a traceparent starts its own trace, even on a server started in a span', async () => {
+    const url = await inSpan('startup', {}, () => serve([echoRoute()]));
+    await clients.data.post(`${url}/v1/echo`, { json: {} });
+    await waitForSpans('POST /v1/echo', 1);
+    expect(one('POST /v1/echo').parentSpanContext).toBeUndefined();
   });
 
   it('a failed route’s span says its status', async () => {
