@@ -11,7 +11,8 @@
 //   npm run build && npm run bench -- scale --rollouts 8000 [--policy-workers 2]
 //
 // `--profile-restore DIR` writes each process's CPU profile over the restore (`<pid>.cpuprofile`)
-// into DIR. `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
+// into DIR; `--profile-commit DIR` the same over the commit (with both, both go into the commit's
+// DIR: the restored processes are new ones, with pids of their own). `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
 // per-stage times and every process's descriptors and CPU (each worker beside the other
 // processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
 // or --out).
@@ -47,6 +48,7 @@ const { values: flags } = parseArgs({
     'keep-dir': { type: 'boolean', default: false },
     'policy-workers': { type: 'string', default: '1' },
     'profile-restore': { type: 'string' },
+    'profile-commit': { type: 'string' },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -207,8 +209,10 @@ async function main() {
     return value;
   };
   const profiles = flags['profile-restore'] && resolve(flags['profile-restore']);
-  if (profiles) mkdirSync(profiles, { recursive: true });
-  const env = profiles ? { ...process.env, ...cpuProfileEnv(profiles) } : undefined;
+  const commitProfiles = flags['profile-commit'] && resolve(flags['profile-commit']);
+  for (const dir of [profiles, commitProfiles]) if (dir) mkdirSync(dir, { recursive: true });
+  const profileDir = commitProfiles ?? profiles;
+  const env = profileDir ? { ...process.env, ...cpuProfileEnv(profileDir) } : undefined;
   const handle = await time('launch', () =>
     launchStack({ configPath: source, runDir, ...(env ? { env } : {}) }),
   );
@@ -320,10 +324,18 @@ async function main() {
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
     let commitByProcess;
+    // --profile-commit: every process (each worker too) profiled over the commit alone.
+    const toggleCommitProfiles = () => {
+      for (const member of commitProfiles ? members : []) process.kill(member.pid, 'SIGUSR2');
+    };
     const committed = await time('commit', async () => {
+      toggleCommitProfiles();
       const { value, spent, kernel, by_process } = await cpuDuring(members, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
+      toggleCommitProfiles();
+      // The profiles are written on the servers' event loops: before the crash kills them.
+      if (commitProfiles) await sleep(3000);
       cpuMs.commit = spent;
       cpuMs['commit, kernel only'] = kernel;
       commitByProcess = by_process;
