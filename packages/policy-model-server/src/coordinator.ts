@@ -5,8 +5,7 @@
  * and the restored attempts. Each worker owns its gate (admission, tickets, held responses) and
  * its own cut round, and reports them (`worker.ts`).
  *
- * - The commit's export asks every worker for its snapshot (undelivered calls, kept cuts, the
- *   lines of the in-scope ledgers it appended, so only ledgers no worker knows are read): one
+ * - The commit's export asks every worker for its snapshot (undelivered calls, kept cuts): one
  *   lost since admission closed, or fewer answering than expected, fails the export — final for
  *   the checkpoint (core's commit work keeps the failure).
  * - A worker claims a restored cut (`claim_cut`) and reports a restored attempt started
@@ -160,20 +159,18 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
   async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
     const episodes = checkedScope(scope);
     // Workers are closed, so what they hold is stable: fetch it once.
-    const keys = episodes.map((episode) => captureKey(episode));
-    const replies = await this.broadcast(POLICY_MESSAGES.snapshot, { keys });
+    const replies = await this.broadcast(POLICY_MESSAGES.snapshot, {});
     checkSnapshots(
       this.expectedWorkers,
       replies.size,
       this.departedWorkers > this.#departedAtClose,
     );
     const snapshots = [...replies.values()] as unknown as PolicyWorkerSnapshot[];
-    const { undelivered, cuts, ledgers } = mergeSnapshots(snapshots, this.#cuts.held);
+    const { undelivered, cuts } = mergeSnapshots(snapshots, this.#cuts.held);
     const ledger = await this.#ledger;
     return exportModelRecords(ledger, episodes, {
       undelivered,
       cutOf: (key) => cuts.get(key),
-      handed: ledgers,
       signal,
     });
   }

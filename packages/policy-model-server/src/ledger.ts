@@ -265,11 +265,6 @@ export function keyOfFile(name: string): string | undefined {
   return undefined;
 }
 
-/** True while the file is as the process that handed its lines knew it (same size and mtime). */
-function handedMatches(handed: HandedLedger, now: fs.BigIntStats): boolean {
-  return handed.size === String(now.size) && handed.mtime_ns === String(now.mtimeNs);
-}
-
 /** Valid capture keys, deduplicated; the whole batch is refused (400) if any key is invalid. */
 function validKeys(keys: readonly string[]): string[] {
   for (const key of keys) parseCaptureKey(key);
@@ -287,21 +282,6 @@ interface KnownLedger {
   size: bigint;
   mtimeNs: bigint;
 }
-
-/**
- * A ledger as the process that appended its rows knows it (plain JSON, so a policy worker hands it
- * to its coordinator at commit): `text` is its lines joined by newlines, the file's bytes without
- * the last one, while the file still has this `size` and `mtime_ns` (both decimal strings).
- */
-export interface HandedLedger {
-  readonly key: string;
-  readonly size: string;
-  readonly mtime_ns: string;
-  readonly text: string;
-}
-
-/** Handed ledgers by key (two processes may each have known an earlier state of one file). */
-export type HandedLedgers = ReadonlyMap<string, readonly HandedLedger[]>;
 
 /** A ledger's rows, with the JSON text the codec writes for each (`lines[i]` encodes `rows[i]`). */
 export interface LedgerRows {
@@ -542,15 +522,9 @@ export class CaptureLedger {
    * of rows this process appended instead of encoding them again. Read synchronously in slices
    * between event-loop turns: a ledger is a page-cache read of a few kB, cheaper than the trip
    * through the libuv pool (at 8k ledgers about a third of the CPU of bounded-concurrency async
-   * reads), and a slice blocks the loop for about a millisecond. A ledger this process does not
-   * know is taken from `handed` (another process's `knownLines`) while its file is as that process
-   * knew it, and only else read.
+   * reads), and a slice blocks the loop for about a millisecond.
    */
-  async exportMany(
-    keys: readonly string[],
-    signal?: AbortSignal,
-    handed?: HandedLedgers,
-  ): Promise<LedgerRows[]> {
+  async exportMany(keys: readonly string[], signal?: AbortSignal): Promise<LedgerRows[]> {
     for (const key of keys) parseCaptureKey(key);
     const out: LedgerRows[] = [];
     for (const key of keys) {
@@ -558,38 +532,15 @@ export class CaptureLedger {
         await yieldToLoop();
         signal?.throwIfAborted();
       }
-      const known = this.#knownNow(key, handed);
+      const known = this.#knownNow(key);
       known.lines ??= known.rows.map((row) => encodeJson(row));
       out.push({ rows: [...known.rows], lines: [...known.lines] });
     }
     return out;
   }
 
-  /**
-   * What this process knows of each of `keys`' ledgers with the lines it appended, for another
-   * process sharing the directory to export them without reading the files (`exportMany`).
-   */
-  knownLines(keys: readonly string[]): HandedLedger[] {
-    const out: HandedLedger[] = [];
-    for (const key of keys) {
-      const known = this.#known.get(key);
-      if (known?.lines === undefined || known.lines.length === 0) continue;
-      const { size, mtimeNs } = known;
-      out.push({
-        key,
-        size: String(size),
-        mtime_ns: String(mtimeNs),
-        text: known.lines.join('\n'),
-      });
-    }
-    return out;
-  }
-
-  /**
-   * What `key` holds: the known rows while the file is unchanged, else the lines another process
-   * handed while the file is as it knew it, else read (and then known).
-   */
-  #knownNow(key: string, handed?: HandedLedgers): Pick<KnownLedger, 'rows' | 'lines'> {
+  /** What `key` holds: the known rows while the file is unchanged, else read (and then known). */
+  #knownNow(key: string): Pick<KnownLedger, 'rows' | 'lines'> {
     const path = this.path(key, LEDGER_SUFFIX);
     const before = fs.statSync(path, { bigint: true, throwIfNoEntry: false });
     const known = this.#known.get(key);
@@ -598,14 +549,6 @@ export class CaptureLedger {
       return { rows: [], lines: [] };
     }
     if (known && known.size === before.size && known.mtimeNs === before.mtimeNs) return known;
-    const theirs = handed?.get(key)?.find((h) => handedMatches(h, before));
-    if (theirs) {
-      const lines = theirs.text.split('\n');
-      const rows = lines.map((line) => decodeJson(line) as JsonObject);
-      const read = { rows, lines, size: before.size, mtimeNs: before.mtimeNs };
-      this.#remember(key, read);
-      return read;
-    }
     let text: string;
     try {
       text = fs.readFileSync(path, 'utf8');

@@ -33,7 +33,7 @@ import {
 } from '@ckpt-gym/core/server';
 import { type CutRecord, type GenerationCuts, parseCutRecord } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
-import { type CaptureLedger, type HandedLedgers, type LedgerTarget, RowTexts } from './ledger.js';
+import { type CaptureLedger, type LedgerTarget, RowTexts } from './ledger.js';
 
 export interface ModelRecord extends CheckpointRecord {
   /** Ledger rows, token-free; restored rows carry `capture_key`, the attempt that staged them. */
@@ -330,8 +330,6 @@ export function checkedScope(scope: readonly EpisodeId[] | null): readonly Episo
 export interface ExportParts {
   readonly undelivered: ReadonlySet<string>;
   readonly cutOf: (key: string) => CutRecord | undefined;
-  /** Ledger lines the processes that appended them handed (see `CaptureLedger.exportMany`). */
-  readonly handed?: HandedLedgers;
   readonly signal: AbortSignal;
 }
 
@@ -342,11 +340,11 @@ export interface ExportParts {
 export async function exportModelRecords(
   ledger: CaptureLedger | undefined,
   scope: readonly EpisodeId[],
-  { undelivered, cutOf, handed, signal }: ExportParts,
+  { undelivered, cutOf, signal }: ExportParts,
 ): Promise<ModelRecord[]> {
   if (!ledger) return [];
   const keys = scope.map(captureKey);
-  const ledgers = await ledger.exportMany(keys, signal, handed);
+  const ledgers = await ledger.exportMany(keys, signal);
   const records: ModelRecord[] = [];
   for (const [i, episode] of scope.entries()) {
     const rows: JsonObject[] = [];

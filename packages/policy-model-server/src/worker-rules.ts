@@ -16,7 +16,6 @@ import { CheckpointError, covers, type EpisodeId, parseCaptureKey } from '@ckpt-
 import { type PrepareReport, prepareReport } from '@ckpt-gym/core/server';
 
 import type { CutRecord, KeptCut } from './cuts.js';
-import type { HandedLedger, HandedLedgers } from './ledger.js';
 import { UNTAGGED_BLOCKER } from './participant.js';
 
 /** What one policy worker reports to its coordinator (plain JSON). */
@@ -36,8 +35,6 @@ export interface PolicyWorkerSnapshot {
   readonly undelivered: readonly string[];
   /** The worker's kept generation cuts (at most one per capture key). */
   readonly cuts: readonly KeptCut[];
-  /** The lines of the asked ledgers this worker appended (the coordinator then reads no file). */
-  readonly ledgers?: readonly HandedLedger[];
 }
 
 /**
@@ -80,31 +77,24 @@ export function checkSnapshots(expected: number, answered: number, lostSinceClos
 /**
  * The rows and cuts the commit leaves out and keeps, from every worker's snapshot: every worker's
  * undelivered calls, and per capture key the latest cut (a worker's newer cut over a restored one
- * the coordinator still holds; between workers, the call admitted last); and the ledger lines
- * each worker handed, by key.
+ * the coordinator still holds; between workers, the call admitted last).
  */
 export function mergeSnapshots(
   snapshots: readonly PolicyWorkerSnapshot[],
   restoredCuts: ReadonlyMap<string, CutRecord>,
-): { undelivered: Set<string>; cuts: Map<string, CutRecord>; ledgers: HandedLedgers } {
+): { undelivered: Set<string>; cuts: Map<string, CutRecord> } {
   const undelivered = new Set<string>();
   const cuts = new Map(restoredCuts);
   const fromWorkers = new Map<string, CutRecord>();
-  const ledgers = new Map<string, HandedLedger[]>();
   for (const snapshot of snapshots) {
     for (const id of snapshot.undelivered) undelivered.add(id);
-    for (const handed of snapshot.ledgers ?? []) {
-      const list = ledgers.get(handed.key);
-      if (list) list.push(handed);
-      else ledgers.set(handed.key, [handed]);
-    }
     for (const { key, record } of snapshot.cuts) {
       const seen = fromWorkers.get(key);
       if (!seen || seen.admitted_at <= record.admitted_at) fromWorkers.set(key, record);
     }
   }
   for (const [key, cut] of fromWorkers) cuts.set(key, cut);
-  return { undelivered, cuts, ledgers };
+  return { undelivered, cuts };
 }
 
 /**

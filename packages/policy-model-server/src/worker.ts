@@ -93,16 +93,11 @@ export class PolicyWorker implements WorkerSide {
     return report as unknown as JsonObject;
   }
 
-  async handle(kind: string, body: JsonValue = {}): Promise<JsonValue> {
+  async handle(kind: string): Promise<JsonValue> {
     if (kind !== POLICY_MESSAGES.snapshot) throw new Error(`unknown policy message ${kind}`);
-    const keys = (body as { keys?: unknown }).keys;
     const snapshot: PolicyWorkerSnapshot = {
       undelivered: [...this.#options.policy.undeliveredCallIds()],
       cuts: this.#options.cuts?.keptCuts() ?? [],
-      // The rows this worker appended, so the coordinator reads only the ledgers nobody knows.
-      ledgers: Array.isArray(keys)
-        ? (this.#options.ledger?.knownLines(keys.map(String)) ?? [])
-        : [],
     };
     return snapshot as unknown as JsonValue;
   }

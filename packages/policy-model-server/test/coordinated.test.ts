@@ -4,7 +4,6 @@
  * gate, linked to it by core's worker link and listening on its own port.
  */
 import { existsSync } from 'node:fs';
-import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
@@ -31,7 +30,7 @@ import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js
 import { type PolicyCoordinator } from '../src/coordinator.js';
 import type { CutRecord } from '../src/cuts.js';
 import { policyModelKind } from '../src/kind.js';
-import { CaptureLedger, type HandedLedger, STARTED_SUFFIX } from '../src/ledger.js';
+import { STARTED_SUFFIX } from '../src/ledger.js';
 
 import {
   chat,
@@ -182,40 +181,6 @@ describe('the commit of several workers', () => {
     await expect(c.coordinator.export([ep('r')], new AbortController().signal)).rejects.toThrow(
       /lost after admission closed/,
     );
-  });
-});
-
-describe("the commit's ledger lines", () => {
-  it('each worker hands the coordinator the lines it appended, and a ledger another server changed since is read from disk', async () => {
-    const c = await startCoordinated();
-    const [first, second] = c.workers;
-    expect((await chat(first!.url, 'r-a1')).status).toBe(200);
-    expect((await chat(second!.url, 's-a1')).status).toBe(200);
-    expect((await chat(first!.url, 't-a1')).status).toBe(200);
-    await until(async () => (await readdir(c.captureDir)).length >= 4, 'three ledgers');
-    // Another server sharing the directory appends to t-a1 after the worker knew it.
-    await new CaptureLedger(c.captureDir).append('t-a1', { model_call_id: 'elsewhere' });
-    await prepared(c, 'c1');
-    const handed: JsonValue[] = [];
-    for (const worker of c.workers) {
-      const handle = worker.model.worker!.handle.bind(worker.model.worker);
-      worker.model.worker!.handle = async (kind: string, body?: JsonValue) => {
-        const reply = await handle(kind, body);
-        handed.push(...((reply as { ledgers: JsonValue[] }).ledgers ?? []));
-        return reply;
-      };
-    }
-    const scope = [ep('r', 1), ep('s', 1), ep('t', 1)];
-    const records = await c.coordinator.export(scope, new AbortController().signal);
-    const onDisk = await new CaptureLedger(c.captureDir).exportMany(['r-a1', 's-a1', 't-a1']);
-    expect(records.map((r) => r.rows)).toEqual(onDisk.map((l) => l.rows));
-    expect(onDisk[2]!.rows).toHaveLength(2);
-    const texts = Object.fromEntries(
-      (handed as unknown as HandedLedger[]).map((h) => [h.key, h.text]),
-    );
-    expect(Object.keys(texts).sort()).toEqual(['r-a1', 's-a1', 't-a1']);
-    expect(texts['r-a1']).toBe(onDisk[0]!.lines.join('\n'));
-    expect(texts['s-a1']).toBe(onDisk[1]!.lines.join('\n'));
   });
 });
 

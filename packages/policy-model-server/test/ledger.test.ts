@@ -204,46 +204,6 @@ describe('CaptureLedger files', () => {
     });
   });
 
-  it("a worker's known ledger lines are used at export without reading its files", async () => {
-    const worker = await ledgerAt();
-    const coordinator = await new CaptureLedger(worker.dir).init();
-    await worker.append('r-a0', row('c1', { logprob: -Infinity }));
-    await worker.append('r-a0', row('c2'));
-    const [handed] = worker.knownLines(['r-a0', 'unknown-a0']);
-    expect(handed).toMatchObject({
-      key: 'r-a0',
-      text: `${encodeJson(row('c1', { logprob: -Infinity }))}\n{"model_call_id":"c2"}`,
-    });
-    // Lines of the file's length and stat that the file does not hold: only a read would see c2.
-    const given = { ...handed!, text: handed!.text.replace('"c2"', '"c3"') };
-    const [exported] = await coordinator.exportMany(
-      ['r-a0'],
-      undefined,
-      new Map([['r-a0', [given]]]),
-    );
-    expect(exported).toEqual({
-      rows: [row('c1', { logprob: -Infinity }), row('c3')],
-      lines: given.text.split('\n'),
-    });
-  });
-
-  it('a ledger another server changed after the worker knew it is read from disk at export', async () => {
-    const worker = await ledgerAt();
-    const coordinator = await new CaptureLedger(worker.dir).init();
-    const other = await new CaptureLedger(worker.dir).init();
-    await worker.append('r-a0', row('c1'));
-    const handed = new Map([['r-a0', worker.knownLines(['r-a0'])]]);
-    await other.append('r-a0', row('c2'));
-    expect(await coordinator.exportMany(['r-a0'], undefined, handed)).toEqual([
-      { rows: [row('c1'), row('c2')], lines: ['{"model_call_id":"c1"}', '{"model_call_id":"c2"}'] },
-    ]);
-    // Rewritten by a restore (a new file): what the worker knew is no longer the file either.
-    await other.importMany(new Map([['r-a0', [row('restored')]]]));
-    expect((await coordinator.exportMany(['r-a0'], undefined, handed))[0]!.rows).toEqual([
-      row('restored'),
-    ]);
-  });
-
   it('exported rows are copies: changing them leaves the next export as the ledger is', async () => {
     const ledger = await ledgerAt();
     await ledger.append('r-a0', row('c1'));
