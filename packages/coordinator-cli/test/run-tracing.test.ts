@@ -1,16 +1,16 @@
 /**
  * `ckpt-gym run` traced in the CLI process: each checkpoint the collection takes is its own trace,
  * a `ckpt-gym checkpoint` root with the controller's operations and stages under it, against real
- * in-process servers, the spans in the SDK's in-memory exporter.
+ * in-process servers, the spans kept by core's `InMemoryTracing`.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-import { inSpan, startTracing, stopTracing, tracingOn } from '@ckpt-gym/core/client';
+import { inSpan, stopTracing, tracingOn } from '@ckpt-gym/core/client';
 import { ATTR_CHECKPOINT_ID, type StackSettings } from '@ckpt-gym/core/server';
+import { InMemoryTracing, type ReadableSpan } from '@ckpt-gym/core/testing';
 import { trace } from '@opentelemetry/api';
-import { InMemorySpanExporter, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 
 import type { Invocation } from '../src/args.js';
 import { parseCommandLine } from '../src/args.js';
@@ -23,12 +23,10 @@ import { startStack, type TestStack, TOKEN_ENV } from './support/stack.js';
 
 let dir: string;
 let stack: TestStack;
-let exporter: InMemorySpanExporter;
 
 beforeEach(async () => {
   dir = mkdtempSync(join(tmpdir(), 'ckpt-gym-run-tracing-'));
   stack = await startStack(dir);
-  exporter = new InMemorySpanExporter();
 });
 
 afterEach(async () => {
@@ -49,17 +47,14 @@ function contextOf(args: string[]): CommandContext {
   });
 }
 
-const spans = (): ReadableSpan[] => exporter.getFinishedSpans();
-const inTrace = (root: ReadableSpan) =>
-  spans().filter((span) => span.spanContext().traceId === root.spanContext().traceId);
-const childNames = (parent: ReadableSpan) =>
-  spans()
-    .filter((span) => span.parentSpanContext?.spanId === parent.spanContext().spanId)
+const childNames = (tracing: InMemoryTracing, parent: ReadableSpan) =>
+  tracing
+    .childrenOf(parent)
     .map((span) => span.name)
     .sort();
 
 test('each checkpoint a collection takes is its own trace: a ckpt-gym checkpoint root over the controller’s stages', async () => {
-  startTracing({ endpoint: 'http://127.0.0.1:9/unused', serviceName: 'ckpt-gym' }, { exporter });
+  const tracing = InMemoryTracing.start('ckpt-gym');
   const ctx = contextOf(['status']);
   const collector = new Collector({
     envUrl: 'http://127.0.0.1:9',
@@ -83,25 +78,26 @@ test('each checkpoint a collection takes is its own trace: a ckpt-gym checkpoint
   }
   expect(checkpoints.published).toHaveLength(2);
 
-  const roots = spans().filter((span) => span.name === 'ckpt-gym checkpoint');
+  const roots = tracing.named('ckpt-gym checkpoint');
   expect(roots.map((root) => root.attributes[ATTR_CHECKPOINT_ID])).toEqual(checkpoints.published);
   for (const root of roots) expect(root.parentSpanContext).toBeUndefined();
   expect(new Set(roots.map((root) => root.spanContext().traceId)).size).toBe(2);
 
   for (const root of roots) {
-    expect(childNames(root)).toEqual([
+    expect(childNames(tracing, root)).toEqual([
       'gym.checkpoint.coordinate.commit',
       'gym.checkpoint.coordinate.prepare',
       'gym.checkpoint.coordinate.resume',
     ]);
-    const prepare = inTrace(root).find((span) => span.name === 'gym.checkpoint.coordinate.prepare');
-    expect(childNames(prepare!)).toEqual([
+    const inTrace = tracing.inTrace(root);
+    const prepare = inTrace.find((span) => span.name === 'gym.checkpoint.coordinate.prepare');
+    expect(childNames(tracing, prepare!)).toEqual([
       'gym.checkpoint.coordinate.prepare.environment',
       'gym.checkpoint.coordinate.prepare.model',
       'gym.checkpoint.coordinate.prepare.resources',
     ]);
     // Every participant's prepare joined this checkpoint's trace, and no other.
-    const participants = inTrace(root).filter((span) => span.name === 'gym.checkpoint.prepare');
+    const participants = inTrace.filter((span) => span.name === 'gym.checkpoint.prepare');
     expect(participants).toHaveLength(3);
   }
 });
