@@ -37,7 +37,7 @@ import { parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
-import { cpuProfileEnv } from './lib/profile.mjs';
+import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
 import { cpuByServer, processLabel, sampleMembers, stackMembers } from './lib/processes.mjs';
 import { difference, episodeBody } from './lib/stack.mjs';
 
@@ -325,22 +325,20 @@ async function main() {
     const dir = join(runDir, 'checkpoints', 'scale-c1');
     let commitByProcess;
     // --profile-commit: every process (each worker too) profiled over the commit alone.
-    const toggleCommitProfiles = () => {
-      for (const member of commitProfiles ? members : []) process.kill(member.pid, 'SIGUSR2');
-    };
+    const profiledInCommit = commitProfiles ? members : [];
     const committed = await time('commit', async () => {
-      toggleCommitProfiles();
+      toggleProfilesOf(profiledInCommit);
       const { value, spent, kernel, by_process } = await cpuDuring(members, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
-      toggleCommitProfiles();
-      // The profiles are written on the servers' event loops: before the crash kills them.
-      if (commitProfiles) await sleep(3000);
+      toggleProfilesOf(profiledInCommit);
       cpuMs.commit = spent;
       cpuMs['commit, kernel only'] = kernel;
       commitByProcess = by_process;
       return value;
     });
+    // The profiles are written on the servers' event loops: before the crash kills them.
+    if (commitProfiles) await sleep(3000);
     const processes = processTable(atAllHeld, commitByProcess);
     const exported = committed.env.episode_ids;
     const recordsBytes = {};
@@ -355,15 +353,13 @@ async function main() {
     const freshMembers = stackMembers(handle);
     const fresh = participants();
     // --profile-restore: every process (each worker too) profiled over the restore alone.
-    const toggleProfiles = () => {
-      for (const member of profiles ? freshMembers : []) process.kill(member.pid, 'SIGUSR2');
-    };
+    const profiledInRestore = profiles ? freshMembers : [];
     const restored = await time('restore', async () => {
-      toggleProfiles();
+      toggleProfilesOf(profiledInRestore);
       const { value, spent, kernel } = await cpuDuring(freshMembers, () =>
         restore(fresh, 'scale-r1', dir, exported.map(parseCaptureKey), seconds(DEADLINE_S)),
       );
-      toggleProfiles();
+      toggleProfilesOf(profiledInRestore);
       cpuMs.restore = spent;
       cpuMs['restore, kernel only'] = kernel;
       return value;

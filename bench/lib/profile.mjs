@@ -18,7 +18,12 @@ export function cpuProfileEnv(dir, env = process.env) {
 
 /** Starts (first call) or stops and writes (second call) the profile of every server. */
 export function toggleProfiles(handle) {
-  for (const server of handle.servers.values()) process.kill(server.pid, 'SIGUSR2');
+  toggleProfilesOf(handle.servers.values());
+}
+
+/** As `toggleProfiles`, for these processes (`{ pid }`s: a policy worker too). */
+export function toggleProfilesOf(processes) {
+  for (const { pid } of processes) process.kill(pid, 'SIGUSR2');
 }
 
 /** `file:///…/node_modules/x/y.js` → `x/y.js`, a repo file relative to the repo, node's as is. */

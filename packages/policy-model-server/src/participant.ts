@@ -16,7 +16,6 @@ import {
   type EpisodeId,
   CheckpointStateError,
   type JsonObject,
-  type JsonValue,
   nextAttempt,
   parseCaptureKey,
 } from '@ckpt-gym/core/protocol';
@@ -103,67 +102,13 @@ function stampRowTexts(
       if (row.failure_reason !== undefined) return text;
       if (typeof row.capture_key === 'string' && row.capture_key !== '') return text;
       if (Object.hasOwn(row, 'capture_key')) {
-        return (
-          replacedCaptureKey(text, row.capture_key!, source) ??
-          Buffer.from(encodeJson({ ...row, capture_key: source }))
-        );
+        return Buffer.from(encodeJson({ ...row, capture_key: source }));
       }
       const open = text.subarray(0, text.length - 1); // without its closing brace
       const tail = Object.keys(row).length === 0 ? stamp : `,${stamp}`;
       return Buffer.concat([open, Buffer.from(tail)]);
     }),
   );
-}
-
-const CAPTURE_KEY_NAME = Buffer.from('"capture_key"');
-
-/**
- * `text` with its one `capture_key` member's value (the codec's text of `value`) replaced by
- * `source`, where a spread keeps the key: the stamp without encoding the row again (at 8k
- * restored rows that encode was most of the stamping's CPU). Undefined (encode it) unless the
- * name occurs exactly once (a repeated member decodes as its last), in the top-level object.
- */
-function replacedCaptureKey(text: Buffer, value: JsonValue, source: string): Buffer | undefined {
-  const at = text.indexOf(CAPTURE_KEY_NAME);
-  if (at === -1 || text.indexOf(CAPTURE_KEY_NAME, at + 1) !== -1) return undefined;
-  if (!isTopLevelAt(text, at)) return undefined;
-  let start = skipJsonSpace(text, at + CAPTURE_KEY_NAME.length);
-  if (text[start] !== 0x3a) return undefined; // ':'
-  start = skipJsonSpace(text, start + 1);
-  const old = Buffer.from(encodeJson(value));
-  const end = start + old.length;
-  if (!text.subarray(start, end).equals(old)) return undefined;
-  const next = text[skipJsonSpace(text, end)];
-  if (next !== 0x2c && next !== 0x7d) return undefined; // ',' or '}': the whole value matched
-  return Buffer.concat([
-    text.subarray(0, start),
-    Buffer.from(encodeJson(source)),
-    text.subarray(end),
-  ]);
-}
-
-/** True when `at` lies in the top-level object of `text`, outside any string. */
-function isTopLevelAt(text: Buffer, at: number): boolean {
-  let depth = 0;
-  let inString = false;
-  for (let i = 0; i < at; i++) {
-    const byte = text[i];
-    if (inString) {
-      if (byte === 0x5c)
-        i++; // a backslash escapes the next byte
-      else if (byte === 0x22) inString = false;
-    } else if (byte === 0x22) inString = true;
-    else if (byte === 0x7b || byte === 0x5b) depth++;
-    else if (byte === 0x7d || byte === 0x5d) depth--;
-  }
-  return depth === 1 && !inString;
-}
-
-/** The first index from `at` that is not JSON whitespace. */
-function skipJsonSpace(text: Buffer, at: number): number {
-  let i = at;
-  while (text[i] === 0x20 || text[i] === 0x09 || text[i] === 0x0a || text[i] === 0x0d) i++;
-  return i;
 }
 
 /** The ledger rows a restore installs for `record`'s episode (`source`) under its next attempt. */
