@@ -266,9 +266,35 @@ export function keyOfFile(name: string): string | undefined {
 }
 
 /** Valid capture keys, deduplicated; the whole batch is refused (400) if any key is invalid. */
-function validKeys(keys: readonly string[]): string[] {
-  for (const key of keys) parseCaptureKey(key);
+function validKeys(keys: readonly string[], parsed = new ParsedKeys()): string[] {
+  for (const key of keys) parsed.of(key);
   return [...new Set(keys)];
+}
+
+/**
+ * A batch's capture keys, each parsed (and so validated) once, though a restore looks each up
+ * about six times (its rollout, its attempt in the retire, the donor choice and the install).
+ */
+class ParsedKeys {
+  readonly #episodes = new Map<string, EpisodeId>();
+
+  /** The key's episode; an invalid key throws as `parseCaptureKey`. */
+  of(key: string): EpisodeId {
+    let episode = this.#episodes.get(key);
+    if (episode === undefined) this.#episodes.set(key, (episode = parseCaptureKey(key)));
+    return episode;
+  }
+
+  attempt(key: string): number {
+    return this.of(key).attempt;
+  }
+
+  /** The lowest attempt of `keys` (not empty). */
+  first(keys: readonly string[]): number {
+    let lowest = Infinity;
+    for (const key of keys) lowest = Math.min(lowest, this.attempt(key));
+    return lowest;
+  }
 }
 
 /**
@@ -593,7 +619,8 @@ export class CaptureLedger {
    * gets an empty fence and is `absent`; its started marker goes. One directory sync per batch.
    */
   async retire(keys: readonly string[]): Promise<RolloutRemoval> {
-    return this.#retireAndInstall(validKeys(keys), new Map(), []);
+    const parsed = new ParsedKeys();
+    return this.#retireAndInstall(validKeys(keys, parsed), new Map(), [], parsed);
   }
 
   /**
@@ -649,14 +676,16 @@ export class CaptureLedger {
     retired: readonly string[],
     through: readonly EpisodeId[] = [],
   ): Promise<RolloutRemoval> {
-    for (const key of targets.keys()) parseCaptureKey(key);
-    return this.#retireAndInstall(validKeys(retired), targets, through);
+    const parsed = new ParsedKeys();
+    for (const key of targets.keys()) parsed.of(key);
+    return this.#retireAndInstall(validKeys(retired, parsed), targets, through, parsed);
   }
 
   async #retireAndInstall(
     retired: readonly string[],
     targets: ReadonlyMap<string, LedgerTarget>,
     through: readonly EpisodeId[],
+    parsed = new ParsedKeys(),
   ): Promise<RolloutRemoval> {
     const work = new Map<string, RolloutWork>();
     const of = (rolloutId: string): RolloutWork => {
@@ -665,12 +694,12 @@ export class CaptureLedger {
         work.set(rolloutId, (entry = { rolloutId, retired: [], through: -1, targets: [] }));
       return entry;
     };
-    for (const key of retired) of(rolloutOfKey(key)).retired.push(key);
+    for (const key of retired) of(parsed.of(key).rollout_id).retired.push(key);
     for (const e of through) {
       const w = of(e.rollout_id);
       w.through = Math.max(w.through, e.attempt);
     }
-    for (const key of targets.keys()) of(rolloutOfKey(key)).targets.push(key);
+    for (const key of targets.keys()) of(parsed.of(key).rollout_id).targets.push(key);
     const removal: RolloutRemoval = { removed: [], absent: [] };
     if (work.size === 0) return removal;
     const stripes = [...new Set([...work.keys()].map(lockStripe))];
@@ -697,18 +726,20 @@ export class CaptureLedger {
         // The listing's map of the rollout is its own: this turn keeps it up to date.
         const files = index
           ? (index.files.get(w.rolloutId) ?? new Map<string, number>())
-          : this.#probeNow([...w.retired, ...(fenced ?? [])]);
+          : this.#probeNow([...w.retired, ...(fenced ?? [])], parsed);
         const more = fenced ?? keysThrough(w, files);
         w.retired =
           w.retired.length === 0 ? [...new Set(more)] : [...new Set([...w.retired, ...more])];
-        const donors = donorsFor(w, targets, files);
+        const donors = donorsFor(w, targets, files, parsed);
         const donating = new Set(donors.values());
         for (const key of w.retired) {
-          this.#retireNow(key, files, removal, fencedBefore, donating.has(key));
+          const attempt = parsed.attempt(key);
+          this.#retireNow(key, attempt, files, removal, fencedBefore, donating.has(key));
         }
         if (w.targets.length === 0) continue;
-        if (!noFence) this.#lowerRolloutFenceNow(w.rolloutId, firstAttempt(w.targets));
-        this.#installNow(w.targets, targets, files, donors);
+        const from = parsed.first(w.targets);
+        if (!noFence) this.#lowerRolloutFenceNow(w.rolloutId, from);
+        this.#installNow(w.targets, from, targets, files, donors);
       }
       if (fencedBefore.length > 0) {
         // A fence an earlier retire stopped after (before removing the ledger) may not be durable
@@ -730,10 +761,10 @@ export class CaptureLedger {
   }
 
   /** The files of `keys` on disk (ledger, fence, started marker), name to attempt. */
-  #probeNow(keys: readonly string[]): Map<string, number> {
+  #probeNow(keys: readonly string[], parsed: ParsedKeys): Map<string, number> {
     const files = new Map<string, number>();
     for (const key of keys) {
-      const { attempt } = parseCaptureKey(key);
+      const attempt = parsed.attempt(key);
       for (const suffix of [LEDGER_SUFFIX, FENCE_SUFFIX, STARTED_SUFFIX]) {
         if (existsNow(this.path(key, suffix))) files.set(key + suffix, attempt);
       }
@@ -750,6 +781,7 @@ export class CaptureLedger {
    */
   #retireNow(
     key: string,
+    attempt: number,
     files: Map<string, number>,
     removal: RolloutRemoval,
     fencedBefore: string[],
@@ -760,36 +792,37 @@ export class CaptureLedger {
     if (files.delete(key + STARTED_SUFFIX)) removeNow(this.path(key, STARTED_SUFFIX));
     if (!files.has(ledger)) {
       if (!files.has(fence)) this.#fenceNow(key);
-      files.set(fence, parseCaptureKey(key).attempt);
+      files.set(fence, attempt);
       removal.absent.push(key);
     } else if (files.has(fence)) {
       fencedBefore.push(key);
     } else if (donating) {
       this.#known.delete(key);
       this.#fenceNow(key);
-      files.set(fence, parseCaptureKey(key).attempt);
+      files.set(fence, attempt);
       removal.removed.push(key);
     } else {
       this.#known.delete(key);
       fs.renameSync(this.path(key, LEDGER_SUFFIX), this.path(key, FENCE_SUFFIX));
       files.delete(ledger);
-      files.set(fence, parseCaptureKey(key).attempt);
+      files.set(fence, attempt);
       removal.removed.push(key);
     }
   }
 
   /**
-   * Removes the files of the rollout's target attempt and every later one from `files` and disk,
-   * except the target ledgers about to be written, then writes the targets that have rows: in
-   * place of a target's own file, the ledger file of its donor (see `donorsFor`), else a new one.
+   * Removes the files of the rollout's attempts from `from` (its lowest target) on from `files`
+   * and disk, except the target ledgers about to be written, then writes the targets that have
+   * rows: in place of a target's own file, the ledger file of its donor (see `donorsFor`), else a
+   * new one.
    */
   #installNow(
     keys: readonly string[],
+    from: number,
     targets: ReadonlyMap<string, LedgerTarget>,
     files: Map<string, number>,
     donors: ReadonlyMap<string, string>,
   ): void {
-    const from = firstAttempt(keys);
     const written = new Set(
       keys.filter((key) => (targets.get(key) ?? []).length > 0).map((k) => k + LEDGER_SUFFIX),
     );
@@ -916,12 +949,13 @@ function donorsFor(
   w: RolloutWork,
   targets: ReadonlyMap<string, LedgerTarget>,
   files: ReadonlyMap<string, number>,
+  parsed: ParsedKeys,
 ): Map<string, string> {
   const donors = new Map<string, string>();
   if (w.targets.length === 0) return donors;
-  const first = firstAttempt(w.targets);
+  const first = parsed.first(w.targets);
   const candidates = w.retired
-    .map((key) => ({ key, attempt: parseCaptureKey(key).attempt }))
+    .map((key) => ({ key, attempt: parsed.attempt(key) }))
     .filter(
       ({ key, attempt }) =>
         attempt < first && files.has(key + LEDGER_SUFFIX) && !files.has(key + FENCE_SUFFIX),
@@ -964,11 +998,6 @@ interface RolloutWork {
   /** The attempt a retire through it names, -1 for none. */
   through: number;
   targets: string[];
-}
-
-/** The lowest attempt of `keys` (not empty). */
-function firstAttempt(keys: readonly string[]): number {
-  return Math.min(...keys.map((key) => parseCaptureKey(key).attempt));
 }
 
 /**
