@@ -326,6 +326,12 @@ export class CaptureLedger {
    * each holder's turn, which settles when it lets the stripe go.
    */
   readonly #local = new Map<number, Promise<void>>();
+  /**
+   * Whether this ledger has taken a stripe yet. proper-lockfile learns the file system's mtime
+   * precision at a process's first lock, with a utimes and a stat, and every lock taken before
+   * it knows probes too: a fresh server's first batch (its restore) made 64 probes instead of one.
+   */
+  #lockedOnce = false;
   /** The empty file fences are hard links to (see `#fenceNow`). */
   readonly #sharedFence: string;
   /**
@@ -400,9 +406,12 @@ export class CaptureLedger {
     const held: (() => Promise<void>)[] = [];
     try {
       while (held.length < order.length) {
+        // The first round of the first batch tries one stripe: the precision is known after it.
+        const next = this.#lockedOnce ? order.length : held.length + 1;
         const tries = await Promise.allSettled(
-          order.slice(held.length).map((stripe) => this.#acquire(stripe, false)),
+          order.slice(held.length, next).map((stripe) => this.#acquire(stripe, false)),
         );
+        this.#lockedOnce = true;
         let missed: (typeof tries)[number] | undefined;
         const spare: (() => Promise<void>)[] = [];
         for (const tried of tries) {
@@ -411,7 +420,7 @@ export class CaptureLedger {
           else if (release !== undefined) spare.push(release);
           else missed ??= tried;
         }
-        if (missed === undefined) break;
+        if (missed === undefined) continue;
         await Promise.all(spare.map((release) => release()));
         if (missed.status === 'rejected') throw missed.reason;
         held.push((await this.#acquire(order[held.length]!, true))!);

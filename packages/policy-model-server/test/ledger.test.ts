@@ -482,6 +482,25 @@ describe('CaptureLedger files', () => {
     expect(await rowsOf(ledger, [`${ids[0]}-a1`])).toEqual([[row(ids[0]!)]]);
   });
 
+  it('a fresh ledger’s first batch and every later one hold the lock of every stripe of their rollouts', async () => {
+    const held: number[] = [];
+    class Listed extends CaptureLedger {
+      // Called while the batch holds all its stripes.
+      override async listByRollout(rollouts: ReadonlyMap<string, unknown>) {
+        const locks = (await readdir(join(this.dir, '.locks'))).filter((n) => n.endsWith('.lock'));
+        held.push(locks.length);
+        return super.listByRollout(rollouts);
+      }
+    }
+    const ledger = await new Listed(await tempDir()).init();
+    const ids = Array.from({ length: 200 }, (_, i) => `s${i}`);
+    const stripes = new Set(ids.map(lockStripe)).size;
+    await ledger.restore(new Map(ids.map((id) => [`${id}-a1`, [row(id)]])), []);
+    await ledger.restore(new Map(ids.map((id) => [`${id}-a2`, [row(id)]])), []);
+    expect(stripes).toBeGreaterThan(1);
+    expect(held).toEqual([stripes, stripes]);
+  });
+
   it('a batch takes its stripes in ascending order, waiting for a held one with none above it held', async () => {
     const ledger = await ledgerAt();
     const ids = Array.from({ length: 16 }, (_, i) => `r${i}`);
