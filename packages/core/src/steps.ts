@@ -137,6 +137,11 @@ export interface EpisodeStepsOptions {
   onChange?: () => void;
   /** An episode is no longer tracked (so an owner's index of the keys can drop it). */
   onForget?: (key: string) => void;
+  /**
+   * How long an exportable episode waits, with admission open, before its boundary is encoded
+   * ahead (0, the default: the next idle turn). Closing admission encodes the waiting ones at once.
+   */
+  encodeAheadSettleMs?: number;
 }
 
 /** A timer whose remaining time can be frozen and thawed. */
@@ -248,13 +253,17 @@ export class EpisodeSteps {
   /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
   private blocking = 0;
   /** Episodes whose exported boundary is encoded ahead of a commit. */
-  private readonly toEncode = new IdleQueue<Episode>((ep) => {
-    if (ep.tracked && isExportable(ep)) ep.boundary.json();
-  });
+  private readonly toEncode: IdleQueue<Episode>;
 
   constructor(options: EpisodeStepsOptions = {}) {
     this.onChange = options.onChange;
     this.onForget = options.onForget;
+    this.toEncode = new IdleQueue<Episode>(
+      (ep) => {
+        if (ep.tracked && isExportable(ep)) ep.boundary.json();
+      },
+      { settleMs: options.encodeAheadSettleMs ?? 0, urgent: () => this.closed },
+    );
   }
 
   /**
@@ -323,6 +332,7 @@ export class EpisodeSteps {
     for (const ep of this.episodes.values()) {
       if (ep.state === 'parked' || ep.state === 'replay_step') ep.deadline?.suspend();
     }
+    this.toEncode.hurry();
   }
 
   /** Resume: releases parked episodes and restarts their deadlines. */
@@ -426,6 +436,7 @@ export class EpisodeSteps {
     const after = ep.tracked && isBlocking(ep);
     if (before !== after) this.blocking += after ? 1 : -1;
     if (ep.tracked && isExportable(ep)) this.toEncode.add(ep);
+    else this.toEncode.delete(ep);
     this.changed();
   }
 
