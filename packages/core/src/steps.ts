@@ -208,7 +208,6 @@ class Episode implements EpisodeView {
   ) {
     this.boundary = new RecordedBoundary(continuation);
     this.continuation = continuation;
-    ticket.signal.addEventListener('abort', () => this.wake(), { once: true });
   }
 
   /**
@@ -284,12 +283,14 @@ export class EpisodeSteps {
     if (isBlocking(ep)) this.blocking += 1;
     if (options.deadlineSeconds != null) {
       const seconds = options.deadlineSeconds;
-      ep.deadline = new SuspendableDeadline(seconds * 1000, () =>
+      ep.deadline = new SuspendableDeadline(seconds * 1000, () => {
         this.gate.abort(
           ticket,
           new DeadlineExceededError(`episode ${key} passed its deadline of ${seconds} s`),
-        ),
-      );
+        );
+        // Only this class aborts its tickets, and each abort wakes the episode (no listener each).
+        ep.wake();
+      });
     }
     this.changed();
 
@@ -357,9 +358,9 @@ export class EpisodeSteps {
     this.update(ep, () => {
       ep.retired = true;
     });
-    ep.wake();
     if (!ep.finishing)
       this.gate.abort(ep.ticket, new StaleAttemptError(`episode ${key} was retired`));
+    ep.wake();
     await untilDone(ep.ended, signal);
   }
 
