@@ -9,6 +9,7 @@
 // The figure that matters is the ratio of "on" to "off" in one run: the gate's overhead.
 //
 //   npm run build && npm run bench -- throughput [--rollouts 2000] [--concurrency 64] [--profile]
+//     [--no-capture]
 //
 // --rounds R runs the four stacks R times, in reversed order every other round (the machine's load
 // drifts), and reports each stack's median round by rollouts per second.
@@ -17,6 +18,7 @@
 // --telemetry compares tracing off and on instead (checkpointing and capture on in both): with it
 // on every server exports its spans over OTLP/HTTP to a local sink (tracing's overhead, target ≤ 3 %),
 // which counts the spans without parsing them: it shares the servers' cores, a real collector does not.
+// --no-capture runs only the two stacks with capture off (the gate's overhead alone, half the time).
 // --profile runs every server under V8's CPU profiler over the timed rollouts (.cpuprofile files as
 // --cpu-prof writes, under bench/results/throughput-profiles/) and prints each one's top functions
 // by self time; profiling slows the servers, so its rollouts/s are not the figure to quote.
@@ -54,6 +56,7 @@ const { values: flags } = parseArgs({
     profile: { type: 'boolean', default: false },
     'no-hops': { type: 'boolean', default: false },
     telemetry: { type: 'boolean', default: false },
+    'no-capture': { type: 'boolean', default: false },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -80,7 +83,7 @@ const STACKS = flags.telemetry
       { name: 'checkpoint on, capture off', checkpoint: true, capture: false },
       { name: 'checkpoint off, capture on', checkpoint: false, capture: true },
       { name: 'checkpoint on, capture on', checkpoint: true, capture: true },
-    ];
+    ].filter((stack) => !(flags['no-capture'] && stack.capture));
 /** With --telemetry: where the servers of a stack with telemetry on send their spans. */
 const sink = flags.telemetry ? await otlpSink() : undefined;
 
@@ -327,6 +330,7 @@ async function main() {
       profile: flags.profile,
       hops: !flags['no-hops'],
       telemetry: flags.telemetry,
+      capture_stacks: !flags['no-capture'],
     },
     rows,
     ratios,
@@ -342,8 +346,12 @@ function stackRatios(rows) {
     rows.find((r) => r.checkpoint === checkpoint && r.capture === capture).rollouts_per_s;
   const ratios = {
     checkpoint_on_over_off: rate(true, false) / rate(false, false),
-    checkpoint_on_over_off_with_capture: rate(true, true) / rate(false, true),
-    capture_on_over_off: rate(false, true) / rate(false, false),
+    ...(flags['no-capture']
+      ? {}
+      : {
+          checkpoint_on_over_off_with_capture: rate(true, true) / rate(false, true),
+          capture_on_over_off: rate(false, true) / rate(false, false),
+        }),
   };
   return { ratios, targets: { checkpoint_on_over_off: 0.95 } };
 }

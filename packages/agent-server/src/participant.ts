@@ -25,6 +25,7 @@ import {
   BaseParticipant,
   type EpisodeContext,
   EpisodeSteps,
+  ENCODE_AHEAD_SETTLE_MS,
   IdleQueue,
   legacyRunAdmission,
   type PrepareReport,
@@ -247,18 +248,25 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   private readonly sessionsByRollout = new RolloutIndex<Session>();
   private readonly blocking = new Set<Session>();
   /** Sessions at a boundary, whose boundary and state are encoded in idle turns ahead of a commit. */
-  private readonly encodeAhead = new IdleQueue<Session>(async (s) => {
-    if (this.sessions.get(s.key) !== s) return;
-    s.exportedBoundaryJson();
-    const state = (await this.hooks.exportAgentSessions([s.key])).get(s.key);
-    if (state !== undefined) this.sessionJson(state);
-  });
+  private readonly encodeAhead = new IdleQueue<Session>(
+    async (s) => {
+      if (this.sessions.get(s.key) !== s) return;
+      s.exportedBoundaryJson();
+      const state = (await this.hooks.exportAgentSessions([s.key])).get(s.key);
+      if (state !== undefined) this.sessionJson(state);
+    },
+    // Most model calls return long before a checkpoint: only sessions that stay are encoded.
+    { settleMs: ENCODE_AHEAD_SETTLE_MS, urgent: () => !this.gate.isOpen },
+  );
   /** The JSON of exported session states, by object (see `exportAgentSessions`). */
   private readonly sessionPieces = new WeakMap<object, readonly (string | Uint8Array)[]>();
   /** Seeds and closes wait here while a checkpoint is open; seeds and direct calls are its tickets. */
   readonly gate = new AdmissionGate();
   /** Legacy `/run` protocol steps, keyed `run:<rollout_id>`. */
-  readonly steps = new EpisodeSteps({ onChange: () => this.notifyChange() });
+  readonly steps = new EpisodeSteps({
+    onChange: () => this.notifyChange(),
+    encodeAheadSettleMs: ENCODE_AHEAD_SETTLE_MS,
+  });
   /** Restored legacy protocol boundaries, until their `/run` claims them. */
   private readonly legacyRestored = new Map<string, Boundary | null>();
   private carried: ReadonlySet<string> = new Set();
@@ -280,6 +288,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.gate.close();
     this.carried = request.carriedRestarts;
     this.steps.close();
+    this.encodeAhead.hurry();
   }
 
   async openAdmission(): Promise<void> {
@@ -357,6 +366,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (tracked && sessionBlocks(s)) this.blocking.add(s);
     else this.blocking.delete(s);
     if (tracked && s.atBoundary) this.encodeAhead.add(s);
+    else this.encodeAhead.delete(s);
     // Outside a checkpoint nobody waits on readiness.
     if (!this.gate.isOpen) this.notifyChange();
   }

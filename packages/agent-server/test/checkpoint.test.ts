@@ -1,3 +1,4 @@
+import { jest } from '@jest/globals';
 import { decodeJson, encodeJson, type JsonObject, type JsonValue } from '@ckpt-gym/core/protocol';
 import { participantDir, RECORD_FIELDS_JSON } from '@ckpt-gym/core/server';
 import { readFile } from 'node:fs/promises';
@@ -252,6 +253,27 @@ describe('agent participant: activations under checkpointing', () => {
     await resume(h, 'c1');
     expect((await running).status).toBe(200);
     expect(h.resources.calls).toHaveLength(1);
+  });
+
+  test('a session at a model call with admission open is not encoded ahead before it settles; a prepare encodes it at once', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const exportHook = jest.spyOn(h.agent.agent.hooks!, 'exportAgentSessions');
+    const held = h.model.holdNext();
+    const running = activate(h, s, 'r1', 1);
+    await held.arrived;
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    // Admission is open and the call has not settled: no work ahead for a call that may end now.
+    expect(exportHook).not.toHaveBeenCalled();
+    expect((await prepare(h, 'c1')).phase).toBe('prepared');
+    // Closing admission hurried it into the next idle turn (its settle time is 1 s).
+    await new Promise((r) => setImmediate(r));
+    expect(exportHook).toHaveBeenCalledTimes(1);
+    expect(exportHook).toHaveBeenCalledWith(['sess-1']);
+    await resume(h, 'c1');
+    held.gate.open();
+    expect((await running).status).toBe(200);
   });
 
   test('a session held at a model call is exported with its fields already JSON, and its boundary and state JSON are reused', async () => {

@@ -137,6 +137,11 @@ export interface EpisodeStepsOptions {
   onChange?: () => void;
   /** An episode is no longer tracked (so an owner's index of the keys can drop it). */
   onForget?: (key: string) => void;
+  /**
+   * How long an exportable episode waits, with admission open, before its boundary is encoded
+   * ahead (0, the default: the next idle turn). Closing admission encodes the waiting ones at once.
+   */
+  encodeAheadSettleMs?: number;
 }
 
 /** A timer whose remaining time can be frozen and thawed. */
@@ -203,7 +208,6 @@ class Episode implements EpisodeView {
   ) {
     this.boundary = new RecordedBoundary(continuation);
     this.continuation = continuation;
-    ticket.signal.addEventListener('abort', () => this.wake(), { once: true });
   }
 
   /**
@@ -248,13 +252,17 @@ export class EpisodeSteps {
   /** Maintained on every state or flag change, never recounted, so `ready()` costs nothing. */
   private blocking = 0;
   /** Episodes whose exported boundary is encoded ahead of a commit. */
-  private readonly toEncode = new IdleQueue<Episode>((ep) => {
-    if (ep.tracked && isExportable(ep)) ep.boundary.json();
-  });
+  private readonly toEncode: IdleQueue<Episode>;
 
   constructor(options: EpisodeStepsOptions = {}) {
     this.onChange = options.onChange;
     this.onForget = options.onForget;
+    this.toEncode = new IdleQueue<Episode>(
+      (ep) => {
+        if (ep.tracked && isExportable(ep)) ep.boundary.json();
+      },
+      { settleMs: options.encodeAheadSettleMs ?? 0, urgent: () => this.closed },
+    );
   }
 
   /**
@@ -275,12 +283,14 @@ export class EpisodeSteps {
     if (isBlocking(ep)) this.blocking += 1;
     if (options.deadlineSeconds != null) {
       const seconds = options.deadlineSeconds;
-      ep.deadline = new SuspendableDeadline(seconds * 1000, () =>
+      ep.deadline = new SuspendableDeadline(seconds * 1000, () => {
         this.gate.abort(
           ticket,
           new DeadlineExceededError(`episode ${key} passed its deadline of ${seconds} s`),
-        ),
-      );
+        );
+        // Only this class aborts its tickets, and each abort wakes the episode (no listener each).
+        ep.wake();
+      });
     }
     this.changed();
 
@@ -323,6 +333,7 @@ export class EpisodeSteps {
     for (const ep of this.episodes.values()) {
       if (ep.state === 'parked' || ep.state === 'replay_step') ep.deadline?.suspend();
     }
+    this.toEncode.hurry();
   }
 
   /** Resume: releases parked episodes and restarts their deadlines. */
@@ -347,9 +358,9 @@ export class EpisodeSteps {
     this.update(ep, () => {
       ep.retired = true;
     });
-    ep.wake();
     if (!ep.finishing)
       this.gate.abort(ep.ticket, new StaleAttemptError(`episode ${key} was retired`));
+    ep.wake();
     await untilDone(ep.ended, signal);
   }
 
@@ -426,6 +437,7 @@ export class EpisodeSteps {
     const after = ep.tracked && isBlocking(ep);
     if (before !== after) this.blocking += after ? 1 : -1;
     if (ep.tracked && isExportable(ep)) this.toEncode.add(ep);
+    else this.toEncode.delete(ep);
     this.changed();
   }
 

@@ -61,4 +61,58 @@ describe('IdleQueue', () => {
     await turn();
     expect(done).toEqual([1, 2]);
   });
+
+  test('an item waits its settle time before it is worked, and one deleted before then never is', async () => {
+    const done: number[] = [];
+    const queue = new IdleQueue<number>((n) => void done.push(n), { settleMs: 40 });
+    queue.add(1);
+    queue.add(2);
+    await turn();
+    await turn();
+    expect(done).toEqual([]);
+    queue.delete(2);
+    await new Promise((resolve) => setTimeout(resolve, 120));
+    expect(done).toEqual([1]);
+    expect(queue.size).toBe(0);
+  });
+
+  test('a slice works only the settled items: one queued later waits out its own settle time', async () => {
+    const done: number[] = [];
+    let firstWorked!: () => void;
+    const worked = new Promise<void>((resolve) => (firstWorked = resolve));
+    const queue = new IdleQueue<number>(
+      (n) => {
+        done.push(n);
+        if (n === 1) firstWorked();
+      },
+      { settleMs: 40 },
+    );
+    queue.add(1);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    queue.add(2);
+    await worked;
+    await turn();
+    expect(done).toEqual([1]);
+    await new Promise((resolve) => setTimeout(resolve, 120));
+    expect(done).toEqual([1, 2]);
+  });
+
+  test('while urgent, items are worked in the next idle turn; hurry works the settling ones at once', async () => {
+    const done: number[] = [];
+    let urgent = false;
+    const queue = new IdleQueue<number>((n) => void done.push(n), {
+      settleMs: 60_000,
+      urgent: () => urgent,
+    });
+    queue.add(1);
+    await turn();
+    expect(done).toEqual([]);
+    queue.hurry();
+    await turn();
+    expect(done).toEqual([1]);
+    urgent = true;
+    queue.add(2);
+    await turn();
+    expect(done).toEqual([1, 2]);
+  });
 });

@@ -197,6 +197,28 @@ describe('boundaries and parking', () => {
     await run;
   });
 
+  test('with a settle time, a boundary is not encoded ahead while admission is open and the episode has not settled; closing admission encodes it at once', async () => {
+    const steps = new EpisodeSteps({ encodeAheadSettleMs: 60_000 });
+    const first = jest.fn(() => ({ n: 1 }));
+    const stepDone = gate();
+    const run = steps.run('a', {}, async (ep) => {
+      await ep.boundary(first);
+      await ep.step('replay', () => stepDone.promise);
+    });
+    await flush();
+    await flush();
+    expect(steps.state('a')?.state).toBe('replay_step');
+    expect(first).not.toHaveBeenCalled();
+    steps.close();
+    await flush();
+    expect(first).toHaveBeenCalledTimes(1);
+    expect(steps.boundaryJson('a')).toBe('{"n":1}');
+    expect(first).toHaveBeenCalledTimes(1);
+    steps.open();
+    stepDone.resolve();
+    await run;
+  });
+
   test('the boundary before a replay step is encoded ahead, and a new boundary is encoded afresh', async () => {
     const steps = new EpisodeSteps();
     const first = jest.fn(() => ({ n: 1 }));

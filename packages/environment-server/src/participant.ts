@@ -25,6 +25,7 @@ import {
   type Boundary,
   type CheckpointRecord,
   DEFER_DECODE_MIN_BYTES,
+  ENCODE_AHEAD_SETTLE_MS,
   type EpisodeContext,
   episodeRunAdmission,
   EpisodeSteps,
@@ -222,6 +223,8 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     this.steps = new EpisodeSteps({
       onChange: () => this.notifyChange(),
       onForget: (key) => this.untrack(key),
+      // An episode's replay steps (a seed, an agent's turn) mostly end before any checkpoint.
+      encodeAheadSettleMs: ENCODE_AHEAD_SETTLE_MS,
     });
   }
 

@@ -298,18 +298,31 @@ export class AdmissionGate {
     }
   }
 
-  async #decide<T>(options: AdmitOptions, onAdmit: () => T): Promise<T> {
-    let waiter: Waiter | undefined;
+  /** The rule's first answer; only a request told to wait runs the waiting loop (`#wait`). */
+  #decide<T>(options: AdmitOptions, onAdmit: () => T): Promise<T> {
+    try {
+      const decision = options.rule({ open: this.#open, refused: false });
+      // The usual answers settle here: no async frame, no waiter, for most requests.
+      if (decision.kind === 'admit') return Promise.resolve(onAdmit());
+      if (decision.kind === 'refuse') return Promise.reject(decision.error);
+    } catch (err) {
+      return Promise.reject(err as Error);
+    }
+    return this.#wait(options, onAdmit);
+  }
+
+  /** Waits as a waiter, asking the rule again at each wake-up, until it admits or refuses. */
+  async #wait<T>(options: AdmitOptions, onAdmit: () => T): Promise<T> {
+    const waiter = this.#addWaiter(options.episode);
     try {
       for (;;) {
-        const decision = options.rule({ open: this.#open, refused: waiter?.refused ?? false });
+        await waitFor(this.#reopened.next, options.signal);
+        const decision = options.rule({ open: this.#open, refused: waiter.refused });
         if (decision.kind === 'refuse') throw decision.error;
         if (decision.kind === 'admit') return onAdmit();
-        waiter ??= this.#addWaiter(options.episode);
-        await waitFor(this.#reopened.next, options.signal);
       }
     } finally {
-      if (waiter) this.#removeWaiter(waiter);
+      this.#removeWaiter(waiter);
     }
   }
 

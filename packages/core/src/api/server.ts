@@ -71,7 +71,7 @@ export {
 export { type ControlStorage, type ParticipantStorageOptions } from '../control/storage.js';
 export { type ErrorLogger, errorMiddleware, jsonBody, notFoundMiddleware } from '../express.js';
 export { fsyncDirectory } from '../fsync.js';
-export { IdleQueue } from '../idle-queue.js';
+export { ENCODE_AHEAD_SETTLE_MS, IdleQueue, type IdleQueueOptions } from '../idle-queue.js';
 export { createLogger, type Logger, type LoggerContext, type LogMeta } from '../logging.js';
 export { checkChatMessages } from '../openai.js';
 export {
