@@ -54,22 +54,49 @@ export type SessionState = 'idle' | 'running' | 'at_boundary';
  * something is not JSON: the store then reports it against the episode.
  */
 function recordPieces(
-  s: Session,
-  record: AgentSessionRecord,
+  record: Pick<AgentSessionRecord, 'session_key' | 'episode'>,
   sessionJson: () => readonly (string | Uint8Array)[],
+  boundaryJson: () => string,
 ): (string | Uint8Array)[] | undefined {
   try {
     return [
       `"session_key":${encodeJson(record.session_key)},"session":`,
       ...sessionJson(),
       ',"boundary":',
-      s.exportedBoundaryJson(),
+      boundaryJson(),
       ',"episode":',
       encodeJson(record.episode),
     ];
   } catch {
     return undefined;
   }
+}
+
+/**
+ * `pieces` with each run of texts as one piece of UTF-8 bytes, bytes kept as they are (the same
+ * memory): a commit then copies what was encoded ahead instead of encoding text again.
+ */
+function textsAsBytes(pieces: readonly (string | Uint8Array)[]): Uint8Array[] {
+  const out: Uint8Array[] = [];
+  let text = '';
+  for (const piece of pieces) {
+    if (typeof piece === 'string') {
+      text += piece;
+      continue;
+    }
+    if (text.length > 0) out.push(Buffer.from(text));
+    text = '';
+    out.push(piece);
+  }
+  if (text.length > 0) out.push(Buffer.from(text));
+  return out;
+}
+
+/** A record's fields encoded ahead, valid while the session's state and boundary JSON are these. */
+interface EncodedFields {
+  readonly state: object;
+  readonly boundary: string;
+  readonly pieces: readonly Uint8Array[];
 }
 
 export interface RestoredAgentSession {
@@ -166,6 +193,8 @@ class Session {
   legacy = false;
   /** The restored record, undecoded: while the session is unclaimed, exported as it is. */
   raw: RawRecord | null = null;
+  /** The record's fields as UTF-8, encoded ahead of a commit (see `encodedFields`). */
+  encoded: EncodedFields | null = null;
 
   constructor(
     readonly key: string,
@@ -253,7 +282,9 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       if (this.sessions.get(s.key) !== s) return;
       s.exportedBoundaryJson();
       const state = (await this.hooks.exportAgentSessions([s.key])).get(s.key);
-      if (state !== undefined) this.sessionJson(state);
+      if (state === undefined) return;
+      if (s.legacy) this.sessionJson(state);
+      else this.encodedFields(s, state);
     },
     // Most model calls return long before a checkpoint: only sessions that stay are encoded.
     { settleMs: ENCODE_AHEAD_SETTLE_MS, urgent: () => !this.gate.isOpen },
@@ -668,11 +699,42 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       // Decoded only if the store must encode the record itself (the pieces failed).
       Object.defineProperty(record, 'session', { get: () => raw.field('session') ?? null });
     }
-    const pieces = recordPieces(s, record, () =>
-      raw === null ? this.sessionJson(record.session) : [raw.fieldBytes('session')!],
-    );
+    const pieces =
+      raw === null && !s.legacy
+        ? this.encodedFields(s, record.session)
+        : recordPieces(
+            record,
+            () => (raw === null ? this.sessionJson(record.session) : [raw.fieldBytes('session')!]),
+            () => s.exportedBoundaryJson(),
+          );
     if (pieces !== undefined) record[RECORD_FIELDS_JSON] = pieces;
     return record;
+  }
+
+  /**
+   * The fields of a (non-legacy) session's record as UTF-8, kept on the session while its state is
+   * the same object and its boundary the same JSON: encoded ahead in an idle turn, a commit only
+   * copies them. A new state or boundary is encoded again. None when something is not JSON.
+   */
+  private encodedFields(s: Session, state: JsonValue): readonly Uint8Array[] | undefined {
+    let boundary: string;
+    try {
+      boundary = s.exportedBoundaryJson();
+    } catch {
+      return undefined;
+    }
+    const kept = s.encoded;
+    if (kept !== null && kept.state === state && kept.boundary === boundary) return kept.pieces;
+    const record = { session_key: s.key, episode: null };
+    const pieces = recordPieces(
+      record,
+      () => this.sessionJson(state),
+      () => boundary,
+    );
+    if (pieces === undefined) return undefined;
+    if (typeof state !== 'object' || state === null) return textsAsBytes(pieces);
+    s.encoded = { state, boundary, pieces: textsAsBytes(pieces) };
+    return s.encoded.pieces;
   }
 
   private sessionJson(state: JsonValue): readonly (string | Uint8Array)[] {

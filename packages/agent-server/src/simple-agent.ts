@@ -379,28 +379,56 @@ async function callTool(
 
 // --- the agent ------------------------------------------------------------------------------
 
-/** Each entry's last export with what it was built from (observations grow in place). */
+/** What an export was built from (observations grow in place, so their length counts too). */
+interface ExportedFrom {
+  readonly request: unknown;
+  readonly resourcesCookies: unknown;
+  readonly observations: unknown;
+  readonly observationCount: number;
+  readonly activations: number;
+  readonly completedActivation: number;
+  readonly completedReply: unknown;
+}
+
+/** Each entry's last export with what it was built from. */
 const lastExports = new WeakMap<
   AgentSessionEntry<SimpleSessionState>,
-  { value: JsonObject; from: readonly unknown[] }
+  { value: JsonObject; from: ExportedFrom }
 >();
+
+function exportedFrom(entry: AgentSessionEntry<SimpleSessionState>): ExportedFrom {
+  return {
+    request: entry.request,
+    resourcesCookies: entry.state.resourcesCookies,
+    observations: entry.state.observations,
+    observationCount: entry.state.observations.length,
+    activations: entry.activations,
+    completedActivation: entry.completedActivation,
+    completedReply: entry.completedReply,
+  };
+}
+
+/** Compared part by part, building nothing: a commit asks this of every held session. */
+function unchangedSince(from: ExportedFrom, entry: AgentSessionEntry<SimpleSessionState>): boolean {
+  return (
+    from.request === entry.request &&
+    from.resourcesCookies === entry.state.resourcesCookies &&
+    from.observations === entry.state.observations &&
+    from.observationCount === entry.state.observations.length &&
+    from.activations === entry.activations &&
+    from.completedActivation === entry.completedActivation &&
+    from.completedReply === entry.completedReply
+  );
+}
 
 /**
  * What a session's export holds: the same object while nothing in it changed, so the agent
  * participant reuses the JSON it encoded ahead of a commit.
  */
 export function exportSession(entry: AgentSessionEntry<SimpleSessionState>): JsonObject {
-  const from = [
-    entry.request,
-    entry.state.resourcesCookies,
-    entry.state.observations,
-    entry.state.observations.length,
-    entry.activations,
-    entry.completedActivation,
-    entry.completedReply,
-  ];
   const last = lastExports.get(entry);
-  if (last && last.from.every((part, i) => part === from[i])) return last.value;
+  if (last && unchangedSince(last.from, entry)) return last.value;
+  const from = exportedFrom(entry);
   // The seed request and a kept reply never change: each is encoded once, at its first export.
   const value: JsonObject = {
     request: encodeOnce(entry.request) as unknown as JsonObject,

@@ -300,6 +300,39 @@ describe('agent participant: activations under checkpointing', () => {
     expect((await running).status).toBe(200);
   });
 
+  test('a record encoded ahead is encoded again once the session gets a new state or a new boundary', async () => {
+    h = await startStack();
+    const s = await seed(h, 'sess-1', 'r1');
+    const first = h.model.holdNext();
+    const running = activate(h, s, 'r1', 1);
+    await first.arrived;
+    await new Promise((r) => setImmediate(r)); // the idle turn that encodes
+    const text = (record: AgentSessionRecord) => record[RECORD_FIELDS_JSON]?.join('');
+    const fieldsJson = (record: AgentSessionRecord) => {
+      const { episode_id: _, ...fields } = record;
+      return encodeJson(fields).slice(1, -1);
+    };
+    const [encoded] = await exported(h);
+    expect(text(encoded!)).toBe(fieldsJson(encoded!));
+    // A new state (the agent replaced its cookie jar): the kept record is not written again.
+    const entry = h.agent.sessions.get('sess-1')!;
+    entry.state.resourcesCookies = { ...entry.state.resourcesCookies, fresh: 'yes' };
+    const [newState] = await exported(h);
+    expect(text(newState!)).toContain('"fresh":"yes"');
+    expect(text(newState!)).toBe(fieldsJson(newState!));
+    // A new boundary (the loop ran its tool call and waits on its next model call): encoded anew.
+    const second = h.model.holdNext();
+    first.gate.open();
+    await second.arrived;
+    await new Promise((r) => setImmediate(r));
+    const [newBoundary] = await exported(h);
+    expect(newBoundary!.boundary).toEqual(expect.objectContaining({ step: 1 }));
+    expect(text(newBoundary!)).toBe(fieldsJson(newBoundary!));
+    expect(text(newBoundary!)).not.toBe(text(newState!));
+    second.gate.open();
+    expect((await running).status).toBe(200);
+  });
+
   test('a boundary leaves out the turn questions, and a resumed loop rebuilds them', async () => {
     h = await startStack();
     const s = await seed(h, 'sess-1', 'r1');

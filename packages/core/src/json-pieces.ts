@@ -490,8 +490,6 @@ const ENCODED_ONCE = new WeakMap<object, Buffer>();
  * yet, or the codec refused it and `encodeJsonBytes` will say why.
  */
 const APPENDED = new WeakMap<readonly unknown[], (Buffer | undefined)[]>();
-const OPEN_ARRAY = Buffer.from('[');
-const CLOSE_ARRAY = Buffer.from(']');
 
 /** `prefix` then `encodeJson(value)`, as UTF-8 (throws as `encodeJsonBytes`). */
 function utf8Json(value: unknown, prefix = ''): Buffer {
@@ -622,11 +620,12 @@ function writeAppended(
 ): void {
   // Shorter than its kept items: it was not append-only after all, so nothing kept is trusted.
   if (items.length > list.length) items.length = 0;
-  out.bytes(OPEN_ARRAY);
+  // Brackets as text: they join the texts around them, one piece fewer per list for the store.
+  out.text('[');
   for (let i = 0; i < list.length; i++) {
     // Refused items are encoded again here, so the codec's error is thrown.
     const item = (items[i] ??= utf8Json(list[i], ','));
     out.bytes(i === 0 ? item.subarray(1) : item);
   }
-  out.bytes(CLOSE_ARRAY);
+  out.text(']');
 }

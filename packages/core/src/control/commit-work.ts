@@ -18,6 +18,12 @@ import { CONTROL_CONCURRENCY, forEachBounded, Kept } from './deadline.js';
 import { type ControlObserver, describe, type OperationWatch } from './observer.js';
 import type { CallArgs } from './replay.js';
 
+/** An export's records, with each one's capture key (in the same order), made once per commit. */
+export interface Exported<R extends CheckpointRecord> {
+  readonly records: R[];
+  readonly keys: readonly string[];
+}
+
 /** Awaits a step within the commit's deadline (the step itself is kept running past it). */
 export type Bound = <T>(work: Promise<T>) => Promise<T>;
 
@@ -37,7 +43,8 @@ export function restartInScopeError(
   scopeKeys: ReadonlySet<string> | null,
   restarts: ReadonlySet<string>,
 ): RestartInScopeError | undefined {
-  if (scopeKeys === null) return undefined;
+  // Usually nothing restarts: a scope of thousands is then not copied to be searched.
+  if (scopeKeys === null || restarts.size === 0) return undefined;
   const named = [...scopeKeys].filter((key) => restarts.has(key)).sort();
   if (named.length === 0) return undefined;
   return new RestartInScopeError(
@@ -51,7 +58,7 @@ export class CommitWork<R extends CheckpointRecord> {
   readonly #options: CommitWorkOptions<R>;
   readonly #exportAbort = new AbortController();
   readonly #writeStop = new WriteStop();
-  readonly #exported: Kept<R[]>;
+  readonly #exported: Kept<Exported<R>>;
   #failure: string | null = null;
   #write: Kept<Manifest> | null = null;
   #cleanup: Kept<void> | null = null;
@@ -87,16 +94,17 @@ export class CommitWork<R extends CheckpointRecord> {
     bound: Bound,
     stop: boolean,
     watch: OperationWatch,
-  ): Promise<{ records: R[]; manifest: Manifest }> {
-    let records: R[];
+  ): Promise<Exported<R> & { manifest: Manifest }> {
+    let exported: Exported<R>;
     try {
-      records = await bound(this.#exported.promise);
+      exported = await bound(this.#exported.promise);
     } catch (err) {
       if (this.#exported.failed)
         throw new ExportFailedError(this.#failure ?? describe(err), { cause: err });
       throw err;
     }
     watch.lap('export');
+    const { records } = exported;
 
     if (this.#write === null || this.#write.failed) {
       this.#write = new Kept(() => this.#options.write(records, this.#writeStop));
@@ -123,7 +131,7 @@ export class CommitWork<R extends CheckpointRecord> {
         this.#options.observer.onParkFailed?.({ checkpoint_id, error: describe(err) });
       }
     }
-    return { records, manifest };
+    return { ...exported, manifest };
   }
 
   /**
@@ -152,22 +160,20 @@ export class CommitWork<R extends CheckpointRecord> {
     this.#exportAbort.abort(new Error(reason));
   }
 
-  async #export(): Promise<R[]> {
+  async #export(): Promise<Exported<R>> {
     const scopeKeys = this.args.scope;
     const records = await this.#options.participant.export(
       this.#options.scope,
       this.#exportAbort.signal,
     );
-    const outside =
-      scopeKeys === null
-        ? []
-        : records.map((r) => captureKey(r.episode_id)).filter((k) => !scopeKeys.has(k));
+    const keys = records.map((r) => captureKey(r.episode_id));
+    const outside = scopeKeys === null ? [] : keys.filter((k) => !scopeKeys.has(k));
     if (outside.length > 0) {
       throw new CheckpointError(
         `the participant exported episodes outside the commit scope: ${outside.slice(0, 10).join(', ')}`,
       );
     }
-    return records;
+    return { records, keys };
   }
 
   /** Frees restored attempts the commit's scope does not continue; they are not marked retired. */

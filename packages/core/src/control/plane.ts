@@ -310,12 +310,12 @@ export class ControlPlane<R extends CheckpointRecord = CheckpointRecord> {
       return watch.run(async () => {
         const work = this.#commitWork(req, args);
         const bound = this.#bound(req.deadline_ts, signal);
-        const { records, manifest } = await work.run(bound, req.stop, watch);
+        const { records, keys, manifest } = await work.run(bound, req.stop, watch);
         const reply = withExtra(
           {
             phase: 'committed' as const,
             manifest,
-            episode_ids: [...new Set(records.map((r) => captureKey(r.episode_id)))].sort(),
+            episode_ids: [...new Set(keys)].sort(),
           },
           this.participant.commitReplyExtra(records),
           'commit reply',
