@@ -5,9 +5,11 @@
  * and the restored attempts. Each worker owns its gate (admission, tickets, held responses) and
  * its own cut round, and reports them (`worker.ts`).
  *
- * - The commit's export asks every worker for its snapshot (undelivered calls, kept cuts): one
- *   lost since admission closed, or fewer answering than expected, fails the export — final for
- *   the checkpoint (core's commit work keeps the failure).
+ * - The commit's export asks every worker for its snapshot (undelivered calls, kept cuts, and
+ *   the bytes of the in-scope ledgers it appended, so the coordinator reads only the ledgers no
+ *   worker handed and handles no row's text): one lost since admission closed, or fewer
+ *   answering than expected, fails the export — final for the checkpoint (core's commit work
+ *   keeps the failure).
  * - A worker claims a restored cut (`claim_cut`) and reports a restored attempt started
  *   (`started`) and its first call (`served`) as immediate messages, answered before any later
  *   message of that worker.
@@ -45,13 +47,14 @@ import {
 } from './participant.js';
 import {
   checkSnapshots,
+  HandedLedgers,
   mergePolicyReports,
   mergeSnapshots,
   type PolicyWorkerReport,
-  type PolicyWorkerSnapshot,
   RestoredAttempts,
   RestoredCuts,
   restoreRefusal,
+  snapshotOf,
 } from './worker-rules.js';
 
 /** The kind messages between a policy worker and its coordinator. */
@@ -159,18 +162,21 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
   async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
     const episodes = checkedScope(scope);
     // Workers are closed, so what they hold is stable: fetch it once.
-    const replies = await this.broadcast(POLICY_MESSAGES.snapshot, {});
+    const keys = episodes.map((episode) => captureKey(episode));
+    const replies = await this.broadcast(POLICY_MESSAGES.snapshot, { keys });
     checkSnapshots(
       this.expectedWorkers,
       replies.size,
       this.departedWorkers > this.#departedAtClose,
     );
-    const snapshots = [...replies.values()] as unknown as PolicyWorkerSnapshot[];
+    const handed = new HandedLedgers();
+    const snapshots = [...replies.values()].map((reply) => snapshotOf(reply, handed));
     const { undelivered, cuts } = mergeSnapshots(snapshots, this.#cuts.held);
     const ledger = await this.#ledger;
     return exportModelRecords(ledger, episodes, {
       undelivered,
       cutOf: (key) => cuts.get(key),
+      handed,
       signal,
     });
   }

@@ -309,6 +309,14 @@ interface KnownLedger {
   mtimeNs: bigint;
 }
 
+/** One key's rows as a process that appended them knows them, for another to export. */
+export interface AppendedLedger {
+  readonly key: string;
+  readonly rows: readonly JsonObject[];
+  /** The codec's text of each row (`lines[i]` encodes `rows[i]`). */
+  readonly lines: readonly string[];
+}
+
 /** A ledger's rows, with the JSON text the codec writes for each (`lines[i]` encodes `rows[i]`). */
 export interface LedgerRows {
   rows: JsonObject[];
@@ -570,6 +578,29 @@ export class CaptureLedger {
       const known = this.#knownNow(key);
       known.lines ??= known.rows.map((row) => encodeJson(row));
       out.push({ rows: [...known.rows], lines: [...known.lines] });
+    }
+    return out;
+  }
+
+  /**
+   * The rows, with the codec's text of each, of those of `keys`' ledgers this process knows with
+   * their lines (it appended every row, or encoded them for an export), while the file is still
+   * as it knew it (one stat each): another process sharing the directory exports them without
+   * reading a file or encoding a row (a policy worker hands them to its coordinator at commit).
+   * Keys it does not know so, or whose file changed since, are left out: the caller reads those.
+   * The rows are not copies: read them before this ledger changes.
+   */
+  appendedNow(keys: readonly string[]): AppendedLedger[] {
+    const out: AppendedLedger[] = [];
+    for (const key of keys) {
+      const known = this.#known.get(key);
+      if (known?.lines === undefined || known.rows.length === 0) continue;
+      const now = fs.statSync(this.path(key, LEDGER_SUFFIX), {
+        bigint: true,
+        throwIfNoEntry: false,
+      });
+      if (now?.size !== known.size || now.mtimeNs !== known.mtimeNs) continue;
+      out.push({ key, rows: known.rows, lines: known.lines });
     }
     return out;
   }

@@ -12,6 +12,7 @@ import {
   captureKey,
   CheckpointError,
   covers,
+  decodeJson,
   encodeJson,
   type EpisodeId,
   CheckpointStateError,
@@ -32,7 +33,8 @@ import {
 } from '@ckpt-gym/core/server';
 import { type CutRecord, type GenerationCuts, parseCutRecord } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
-import { type CaptureLedger, type LedgerTarget, RowTexts } from './ledger.js';
+import { type CaptureLedger, type LedgerRows, type LedgerTarget, RowTexts } from './ledger.js';
+import type { HandedLedgers, KeptRows } from './worker-rules.js';
 
 export interface ModelRecord extends CheckpointRecord {
   /** Ledger rows, token-free; restored rows carry `capture_key`, the attempt that staged them. */
@@ -41,9 +43,19 @@ export interface ModelRecord extends CheckpointRecord {
   generation_cuts: JsonObject[];
   /** Each row's JSON as the checkpoint holds it (`[ROW_TEXTS][i]` encodes `rows[i]`), if read back. */
   [ROW_TEXTS]?: readonly Buffer[];
+  /** The rows' staging keys, when an export knows them without the rows (handed by a worker). */
+  [ROW_STAGING_KEYS]?: readonly string[];
 }
 
 const ROW_TEXTS: unique symbol = Symbol('model record rows as read back');
+const ROW_STAGING_KEYS: unique symbol = Symbol('model record rows staging keys');
+
+/** A row's staging key, if it has one (a non-empty string). */
+export function rowStagingKey(row: JsonObject): string | undefined {
+  return typeof row.staging_key === 'string' && row.staging_key !== ''
+    ? row.staging_key
+    : undefined;
+}
 
 /** The key named by an untagged call in blockers (prepare reports capture keys). */
 export const UNTAGGED_BLOCKER = '(untagged)';
@@ -121,9 +133,12 @@ function restoredRows(record: ModelRecord | undefined, source: string): LedgerTa
 
 /** Sorted staging keys of rows and cuts. */
 function stagingKeysOf(record: ModelRecord): string[] {
-  const keys = new Set<string>();
-  for (const row of record.rows) {
-    if (typeof row.staging_key === 'string' && row.staging_key !== '') keys.add(row.staging_key);
+  const keys = new Set<string>(record[ROW_STAGING_KEYS]);
+  if (record[ROW_STAGING_KEYS] === undefined) {
+    for (const row of record.rows) {
+      const key = rowStagingKey(row);
+      if (key !== undefined) keys.add(key);
+    }
   }
   for (const cut of record.generation_cuts) {
     const continuation = cut.continuation as JsonObject | undefined;
@@ -275,6 +290,8 @@ export function checkedScope(scope: readonly EpisodeId[] | null): readonly Episo
 export interface ExportParts {
   readonly undelivered: ReadonlySet<string>;
   readonly cutOf: (key: string) => CutRecord | undefined;
+  /** Ledgers policy workers handed as bytes: exported without reading their files. */
+  readonly handed?: HandedLedgers;
   readonly signal: AbortSignal;
 }
 
@@ -285,35 +302,95 @@ export interface ExportParts {
 export async function exportModelRecords(
   ledger: CaptureLedger | undefined,
   scope: readonly EpisodeId[],
-  { undelivered, cutOf, signal }: ExportParts,
+  { undelivered, cutOf, handed, signal }: ExportParts,
 ): Promise<ModelRecord[]> {
   if (!ledger) return [];
   const keys = scope.map(captureKey);
-  const ledgers = await ledger.exportMany(keys, signal);
+  const kept = keys.map((key) => handed?.kept(key, undelivered));
+  // Only the ledgers no worker handed are read.
+  const ledgers = await ledger.exportMany(
+    keys.filter((_, i) => kept[i] === undefined),
+    signal,
+  );
   const records: ModelRecord[] = [];
+  let read = 0;
   for (const [i, episode] of scope.entries()) {
-    const rows: JsonObject[] = [];
-    const lines: string[] = [];
-    const exported = ledgers[i] ?? { rows: [], lines: [] };
-    for (const [j, row] of exported.rows.entries()) {
-      if (undelivered.has(String(row.model_call_id))) continue;
-      rows.push(row);
-      lines.push(exported.lines[j]!);
-    }
     const cut = cutOf(keys[i] as string);
     const cuts = cut ? [{ ...cut } as unknown as JsonObject] : [];
-    if (rows.length > 0 || cuts.length > 0) {
-      const record: ModelRecord = { episode_id: episode, rows, generation_cuts: cuts };
-      // The rows' JSON is the ledger's, mostly taken when each row was appended.
-      record[RECORD_FIELDS_JSON] = [
-        '"rows":[',
-        lines.join(','),
-        `],"generation_cuts":${cuts.length === 0 ? '[]' : encodeJson(cuts)}`,
-      ];
-      records.push(record);
-    }
+    const handedRows = kept[i];
+    const record =
+      handedRows === undefined
+        ? readRecord(episode, ledgers[read++]!, undelivered, cuts)
+        : handedRecord(episode, handedRows, cuts);
+    if (record !== undefined) records.push(record);
   }
   return records;
+}
+
+/** The record of a ledger's rows, minus those of undelivered calls; none when it holds nothing. */
+function readRecord(
+  episode: EpisodeId,
+  exported: LedgerRows,
+  undelivered: ReadonlySet<string>,
+  cuts: JsonObject[],
+): ModelRecord | undefined {
+  const rows: JsonObject[] = [];
+  const lines: string[] = [];
+  for (const [j, row] of exported.rows.entries()) {
+    if (undelivered.has(String(row.model_call_id))) continue;
+    rows.push(row);
+    lines.push(exported.lines[j]!);
+  }
+  if (rows.length === 0 && cuts.length === 0) return undefined;
+  const record: ModelRecord = { episode_id: episode, rows, generation_cuts: cuts };
+  // The rows' JSON is the ledger's, mostly taken when each row was appended.
+  record[RECORD_FIELDS_JSON] = ['"rows":[', lines.join(','), cutsJson(cuts)];
+  return record;
+}
+
+/**
+ * The record of rows a worker handed as bytes (undelivered calls' already left out): the commit
+ * writes the bytes, and the rows are decoded only if something reads them (a getter: a spread
+ * of the record does not copy them).
+ */
+class HandedRecord implements ModelRecord {
+  [field: string]: unknown;
+  readonly [RECORD_FIELDS_JSON]: readonly (string | Uint8Array)[];
+  readonly [ROW_STAGING_KEYS]: readonly string[];
+  readonly #texts: readonly Uint8Array[];
+  #rows: JsonObject[] | undefined;
+
+  constructor(
+    readonly episode_id: EpisodeId,
+    kept: KeptRows,
+    readonly generation_cuts: JsonObject[],
+  ) {
+    this.#texts = kept.texts;
+    this[ROW_STAGING_KEYS] = kept.staging;
+    this[RECORD_FIELDS_JSON] = ['"rows":[', ...kept.joined, cutsJson(generation_cuts)];
+  }
+
+  get rows(): JsonObject[] {
+    return (this.#rows ??= this.#texts.map((text) => decodeJson(utf8(text)) as JsonObject));
+  }
+}
+
+function handedRecord(
+  episode: EpisodeId,
+  kept: KeptRows,
+  cuts: JsonObject[],
+): ModelRecord | undefined {
+  if (kept.texts.length === 0 && cuts.length === 0) return undefined;
+  return new HandedRecord(episode, kept, cuts);
+}
+
+/** A record's JSON after its rows. */
+function cutsJson(cuts: readonly JsonObject[]): string {
+  return `],"generation_cuts":${cuts.length === 0 ? '[]' : encodeJson(cuts)}`;
+}
+
+function utf8(bytes: Uint8Array): string {
+  return Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength).toString('utf8');
 }
 
 export function validateModelRecord(record: JsonObject, key: string): ModelRecord {

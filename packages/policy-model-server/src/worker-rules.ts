@@ -6,6 +6,9 @@
  *   worker has not reported, or after one was lost while the checkpoint is open);
  * - the commit's snapshots must come from every worker, none lost since admission closed:
  *   otherwise the rows of a lost worker's undelivered calls would be exported as delivered;
+ * - with its snapshot a worker hands the in-scope ledgers it appended as their lines' bytes and
+ *   an index (each row's call id and staging key, and length), so the coordinator leaves out
+ *   undelivered calls and writes the records without reading a ledger or handling a row's text;
  * - restored attempts stop being pending at their first admitted call on any worker, and only the
  *   first reopen after an install hands the workers its attempts;
  * - a restored cut has one owner: a worker claims it before its call runs, a call that used it
@@ -13,10 +16,11 @@
  * - a model server refuses to restore once any worker served a call, or once any worker left.
  */
 import { CheckpointError, covers, type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/protocol';
-import { type PrepareReport, prepareReport } from '@ckpt-gym/core/server';
+import { type PrepareReport, prepareReport, WithBytes } from '@ckpt-gym/core/server';
 
 import type { CutRecord, KeptCut } from './cuts.js';
-import { UNTAGGED_BLOCKER } from './participant.js';
+import type { AppendedLedger } from './ledger.js';
+import { rowStagingKey, UNTAGGED_BLOCKER } from './participant.js';
 
 /** What one policy worker reports to its coordinator (plain JSON). */
 export interface PolicyWorkerReport {
@@ -35,6 +39,147 @@ export interface PolicyWorkerSnapshot {
   readonly undelivered: readonly string[];
   /** The worker's kept generation cuts (at most one per capture key). */
   readonly cuts: readonly KeptCut[];
+  /** The index of the ledger rows handed as the reply's bytes (absent: none handed). */
+  readonly ledgers?: HandedLedgerIndex;
+}
+
+/**
+ * The index of the ledger rows a worker hands with its snapshot; their texts are the reply's
+ * bytes: each key's rows joined by commas (as a record's `rows` holds them), keys one after
+ * another in the order of `keys`.
+ */
+export interface HandedLedgerIndex {
+  readonly keys: readonly string[];
+  /** Rows of each key (at least one). */
+  readonly rows: readonly number[];
+  /** Each row's `model_call_id` as text, for the undelivered filter. */
+  readonly ids: readonly string[];
+  /** Each row's staging key, or null (for the commit reply). */
+  readonly staging: readonly (string | null)[];
+  /** Each row's text's length in bytes. */
+  readonly lengths: readonly number[];
+}
+
+/** A worker's snapshot reply: its JSON, and the ledgers it handed (added to `handed`). */
+export function snapshotOf(reply: unknown, handed: HandedLedgers): PolicyWorkerSnapshot {
+  const withBytes = reply instanceof WithBytes;
+  const snapshot = (withBytes ? reply.body : reply) as unknown as PolicyWorkerSnapshot;
+  if (snapshot.ledgers !== undefined) {
+    handed.add(snapshot.ledgers, withBytes ? reply.bytes : new Uint8Array());
+  }
+  return snapshot;
+}
+
+/** The ledgers a worker hands: their index and their rows' texts as bytes. */
+export function handLedgers(ledgers: readonly AppendedLedger[]): {
+  index: HandedLedgerIndex;
+  bytes: Buffer;
+} {
+  const index = { keys: [], rows: [], ids: [], staging: [], lengths: [] } as {
+    [F in keyof HandedLedgerIndex]: HandedLedgerIndex[F][number][];
+  };
+  const texts: string[] = [];
+  for (const { key, rows, lines } of ledgers) {
+    index.keys.push(key);
+    index.rows.push(rows.length);
+    for (const [i, row] of rows.entries()) {
+      index.ids.push(String(row.model_call_id));
+      index.staging.push(rowStagingKey(row) ?? null);
+      index.lengths.push(Buffer.byteLength(lines[i]!));
+    }
+    texts.push(lines.join(','));
+  }
+  return { index, bytes: Buffer.from(texts.join('')) };
+}
+
+/** One key's kept rows, as views of the bytes a worker handed. */
+export interface KeptRows {
+  /** Each kept row's text. */
+  readonly texts: Uint8Array[];
+  /** The kept rows' texts joined by commas, in as few pieces as may be (one when none was left out). */
+  readonly joined: (string | Uint8Array)[];
+  /** The kept rows' staging keys. */
+  readonly staging: string[];
+}
+
+interface HandedKey {
+  readonly index: HandedLedgerIndex;
+  readonly bytes: Uint8Array;
+  /** Its first row in the index's row arrays, its rows, and its bytes' span. */
+  readonly row: number;
+  readonly count: number;
+  readonly start: number;
+  readonly end: number;
+}
+
+/** Each key's span of `bytes`, or undefined when the index does not match them exactly. */
+function handedSpans(index: HandedLedgerIndex, bytes: Uint8Array): HandedKey[] | undefined {
+  const fields = [index.keys, index.rows, index.ids, index.staging, index.lengths];
+  if (!fields.every((field) => Array.isArray(field))) return undefined;
+  const rowCount = index.ids.length;
+  if (index.keys.length !== index.rows.length) return undefined;
+  if (index.staging.length !== rowCount || index.lengths.length !== rowCount) return undefined;
+  const spans: HandedKey[] = [];
+  let row = 0;
+  let start = 0;
+  for (const count of index.rows) {
+    if (!Number.isSafeInteger(count) || count < 1 || row + count > rowCount) return undefined;
+    let end = start + count - 1; // the commas
+    for (let i = row; i < row + count; i++) {
+      const length = index.lengths[i]!;
+      if (!Number.isSafeInteger(length) || length < 1) return undefined;
+      end += length;
+    }
+    spans.push({ index, bytes, row, count, start, end });
+    row += count;
+    start = end;
+  }
+  return row === rowCount && start === bytes.length ? spans : undefined;
+}
+
+/**
+ * The ledgers every worker handed, by key (the first worker handing a key wins: each handed it
+ * as its file is). An index that does not match its bytes fails the export.
+ */
+export class HandedLedgers {
+  readonly #keys = new Map<string, HandedKey>();
+
+  add(index: HandedLedgerIndex, bytes: Uint8Array): void {
+    const spans = handedSpans(index, bytes);
+    if (spans === undefined) {
+      throw new CheckpointError("a policy worker's handed ledger rows do not match their bytes");
+    }
+    for (const [k, span] of spans.entries()) {
+      const key = index.keys[k]!;
+      if (!this.#keys.has(key)) this.#keys.set(key, span);
+    }
+  }
+
+  /** The key's rows minus those of `undelivered` calls; undefined when no worker handed it. */
+  kept(key: string, undelivered: ReadonlySet<string>): KeptRows | undefined {
+    const handed = this.#keys.get(key);
+    if (handed === undefined) return undefined;
+    const { index, bytes, row, count, start, end } = handed;
+    const texts: Uint8Array[] = [];
+    const staging: string[] = [];
+    let at = start;
+    let dropped = false;
+    for (let i = row; i < row + count; i++) {
+      const text = bytes.subarray(at, at + index.lengths[i]!);
+      at += text.length + 1;
+      if (undelivered.has(index.ids[i]!)) {
+        dropped = true;
+        continue;
+      }
+      texts.push(text);
+      const stagingKey = index.staging[i];
+      if (typeof stagingKey === 'string') staging.push(stagingKey);
+    }
+    const joined = dropped
+      ? texts.flatMap((text, i) => (i === 0 ? [text] : [',', text]))
+      : [bytes.subarray(start, end)];
+    return { texts, joined, staging };
+  }
 }
 
 /**

@@ -4,6 +4,7 @@
  * owns its gate (admission, tickets, held responses) and its own cut round; it reports what it
  * holds while a checkpoint is open and answers the commit's snapshot.
  *
+ * - Its commit snapshot hands the in-scope ledgers it appended, as bytes (`handLedgers`).
  * - Its first admitted call tells the coordinator it served (a restore is then refused).
  * - The first call of a restored attempt marks it started, with the coordinator and in the shared
  *   ledger, before the call runs.
@@ -12,12 +13,13 @@
  *   did not use goes back when its ticket leaves; one it used never does.
  */
 import type { EpisodeId, JsonObject, JsonValue } from '@ckpt-gym/core/protocol';
-import type {
-  AdmissionGate,
-  Logger,
-  RetiredMarks,
-  WorkerAdmissionRequest,
-  WorkerSide,
+import {
+  type AdmissionGate,
+  type Logger,
+  type RetiredMarks,
+  type WorkerAdmissionRequest,
+  type WorkerSide,
+  WithBytes,
 } from '@ckpt-gym/core/server';
 
 import { POLICY_MESSAGES } from './coordinator.js';
@@ -25,6 +27,7 @@ import type { CutRecord, GenerationCuts } from './cuts.js';
 import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
 import {
+  handLedgers,
   type PolicyWorkerReport,
   type PolicyWorkerSnapshot,
   WorkerRestoredAttempts,
@@ -32,7 +35,7 @@ import {
 
 /** What the worker needs of its link: kind messages to the coordinator. */
 export interface CoordinatorCalls {
-  call(kind: string, body: JsonValue): Promise<JsonValue>;
+  call(kind: string, body: JsonValue): Promise<unknown>;
 }
 
 export interface PolicyWorkerOptions {
@@ -93,13 +96,21 @@ export class PolicyWorker implements WorkerSide {
     return report as unknown as JsonObject;
   }
 
-  async handle(kind: string): Promise<JsonValue> {
+  /**
+   * The commit's snapshot: undelivered calls, kept cuts, and the ledgers of the asked `keys` this
+   * worker appended, handed as bytes beside the JSON (the coordinator reads only the others).
+   */
+  async handle(kind: string, body: JsonValue = {}): Promise<WithBytes> {
     if (kind !== POLICY_MESSAGES.snapshot) throw new Error(`unknown policy message ${kind}`);
+    const keys = (body as { keys?: unknown }).keys;
+    const appended = Array.isArray(keys) ? this.#options.ledger?.appendedNow(keys.map(String)) : [];
+    const { index, bytes } = handLedgers(appended ?? []);
     const snapshot: PolicyWorkerSnapshot = {
       undelivered: [...this.#options.policy.undeliveredCallIds()],
       cuts: this.#options.cuts?.keptCuts() ?? [],
+      ledgers: index,
     };
-    return snapshot as unknown as JsonValue;
+    return new WithBytes(snapshot as unknown as JsonValue, bytes);
   }
 
   // --- the data plane's hooks -------------------------------------------------------------------

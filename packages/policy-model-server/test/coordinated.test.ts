@@ -20,9 +20,12 @@ import {
   listen,
   parseStackFile,
   planeTarget,
+  readParticipantState,
   serveCoordinator,
   serverSettings,
+  WithBytes,
   WorkerLink,
+  writeParticipantState,
 } from '@ckpt-gym/core/server';
 import { closeNow, ep, until } from '@ckpt-gym/testing';
 
@@ -30,7 +33,9 @@ import { createPolicyModelServer, type PolicyModelServer } from '../src/index.js
 import { type PolicyCoordinator } from '../src/coordinator.js';
 import type { CutRecord } from '../src/cuts.js';
 import { policyModelKind } from '../src/kind.js';
-import { STARTED_SUFFIX } from '../src/ledger.js';
+import { CaptureLedger, STARTED_SUFFIX } from '../src/ledger.js';
+import { stagingKeysReply, validateModelRecord } from '../src/participant.js';
+import type { PolicyWorkerSnapshot } from '../src/worker-rules.js';
 
 import {
   chat,
@@ -181,6 +186,83 @@ describe('the commit of several workers', () => {
     await expect(c.coordinator.export([ep('r')], new AbortController().signal)).rejects.toThrow(
       /lost after admission closed/,
     );
+  });
+});
+
+describe("the commit's handed ledgers", () => {
+  it('each worker hands the in-scope ledgers it appended as bytes; one another server changed since, or no worker knows, is read from disk', async () => {
+    const c = await startCoordinated();
+    const [first, second] = c.workers;
+    expect((await chat(first!.url, 'r-a1')).status).toBe(200);
+    expect((await chat(second!.url, 's-a1')).status).toBe(200);
+    expect((await chat(first!.url, 't-a1')).status).toBe(200);
+    expect((await chat(first!.url, 'out-a1')).status).toBe(200);
+    // Another server sharing the directory appends to t-a1 after the worker knew it, and writes
+    // u-a1, which no worker knows.
+    const other = await new CaptureLedger(c.captureDir).init();
+    await other.append('t-a1', { model_call_id: 'elsewhere', staging_key: 'st' });
+    await other.append('u-a1', { model_call_id: 'u1', logprob: -Infinity, staging_key: 'su' });
+    await prepared(c, 'c1');
+    const handed = new Map<number, readonly string[]>();
+    for (const [i, worker] of c.workers.entries()) {
+      const handle = worker.model.worker!.handle.bind(worker.model.worker);
+      worker.model.worker!.handle = async (kind: string, body?: JsonValue) => {
+        const reply = await handle(kind, body);
+        const snapshot = reply.body as unknown as PolicyWorkerSnapshot;
+        handed.set(i, snapshot.ledgers!.keys);
+        return reply;
+      };
+    }
+    const scope = [ep('r', 1), ep('s', 1), ep('t', 1), ep('u', 1), ep('none', 1)];
+    const records = await c.coordinator.export(scope, new AbortController().signal);
+    expect(Object.fromEntries(handed)).toEqual({ 0: ['r-a1'], 1: ['s-a1'] });
+    const keys = ['r-a1', 's-a1', 't-a1', 'u-a1'];
+    const onDisk = await new CaptureLedger(c.captureDir).exportMany(keys);
+    expect(records.map((r) => captureKey(r.episode_id))).toEqual(keys);
+    expect(records.map((r) => r.rows)).toEqual(onDisk.map((l) => l.rows));
+    expect(onDisk[2]!.rows).toHaveLength(2);
+    // The bytes written are the rows' records: read back, they are the ledgers' rows.
+    const state = { checkpointDir: await tempDir(), kind: 'model', instance: 'policy' };
+    await writeParticipantState({ ...state, checkpointId: 'c1', records });
+    const { records: read } = await readParticipantState({
+      ...state,
+      select: () => true,
+      validate: validateModelRecord,
+    });
+    expect(read.map((r) => r.rows)).toEqual(onDisk.map((l) => l.rows));
+    expect(stagingKeysReply(records)).toEqual(stagingKeysReply(read));
+    expect(stagingKeysReply(records).staging_keys).toContain('su');
+  });
+
+  it("a row one worker handed is left out when another worker's snapshot has its call undelivered", async () => {
+    const c = await startCoordinated();
+    const [first, second] = c.workers;
+    expect((await chat(first!.url, 'r-a1')).status).toBe(200);
+    expect((await chat(first!.url, 's-a1')).status).toBe(200);
+    const [r] = await new CaptureLedger(c.captureDir).exportMany(['r-a1']);
+    await prepared(c, 'c1');
+    const handle = second!.model.worker!.handle.bind(second!.model.worker);
+    second!.model.worker!.handle = async (kind: string, body?: JsonValue) => {
+      const reply = await handle(kind, body);
+      const snapshot = reply.body as unknown as PolicyWorkerSnapshot;
+      const undelivered = [...snapshot.undelivered, String(r!.rows[0]!.model_call_id)];
+      return new WithBytes({ ...snapshot, undelivered } as unknown as JsonValue, reply.bytes);
+    };
+    const records = await c.coordinator.export(
+      [ep('r', 1), ep('s', 1)],
+      new AbortController().signal,
+    );
+    expect(records.map((record) => captureKey(record.episode_id))).toEqual(['s-a1']);
+  });
+
+  it("a worker's snapshot is its JSON with its ledgers' bytes beside it", async () => {
+    const c = await startCoordinated();
+    expect((await chat(c.workers[0]!.url, 'r-a1')).status).toBe(200);
+    await prepared(c, 'c1');
+    const reply = await c.workers[0]!.model.worker!.handle('snapshot', { keys: ['r-a1'] });
+    expect(reply).toBeInstanceOf(WithBytes);
+    const [ledger] = await new CaptureLedger(c.captureDir).exportMany(['r-a1']);
+    expect(Buffer.from(reply.bytes).toString('utf8')).toBe(ledger!.lines.join(','));
   });
 });
 

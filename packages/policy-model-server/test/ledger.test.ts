@@ -204,6 +204,34 @@ describe('CaptureLedger files', () => {
     });
   });
 
+  it('appendedNow gives the rows and lines this process appended while each file is as it knew it, and leaves out the rest', async () => {
+    const mine = await ledgerAt();
+    const theirs = await new CaptureLedger(mine.dir).init();
+    await mine.append('r-a0', row('c1', { logprob: -Infinity }));
+    await mine.append('r-a0', row('c2'));
+    // Appended by another server sharing the directory: this process does not know it.
+    await theirs.append('s-a0', row('s1'));
+    // Appended here, then by the other server: the file is no longer as this process knew it.
+    await mine.append('t-a0', row('t1'));
+    await theirs.append('t-a0', row('t2'));
+    // Only read here (Python's spacing): its text is not the codec's.
+    await writeFile(join(mine.dir, 'p-a0.lineage.jsonl'), '{"model_call_id": "c9"}\n');
+    await mine.exportRows('p-a0');
+    // Appended here and retired since.
+    await mine.append('u-a0', row('u1'));
+    await mine.retire(['u-a0']);
+    await mine.append('v-a0', row('v1'));
+    const handed = mine.appendedNow(['r-a0', 's-a0', 't-a0', 'p-a0', 'u-a0', 'none-a0']);
+    expect(handed).toEqual([
+      {
+        key: 'r-a0',
+        rows: [row('c1', { logprob: -Infinity }), row('c2')],
+        lines: [encodeJson(row('c1', { logprob: -Infinity })), '{"model_call_id":"c2"}'],
+      },
+    ]);
+    expect(mine.appendedNow(['v-a0']).map((l) => l.key)).toEqual(['v-a0']);
+  });
+
   it('exported rows are copies: changing them leaves the next export as the ledger is', async () => {
     const ledger = await ledgerAt();
     await ledger.append('r-a0', row('c1'));

@@ -1,11 +1,19 @@
 /** The pure rules of a policy model server with several workers (`worker-rules.ts`). */
 import { describe, expect, it } from '@jest/globals';
-import { type EpisodeId, captureKey, parseCaptureKey } from '@ckpt-gym/core/protocol';
+import {
+  type EpisodeId,
+  captureKey,
+  encodeJson,
+  type JsonObject,
+  parseCaptureKey,
+} from '@ckpt-gym/core/protocol';
 
 import { type CutRecord, GenerationCuts } from '../src/cuts.js';
 import type { Ticket } from '../src/gate.js';
 import {
   checkSnapshots,
+  HandedLedgers,
+  handLedgers,
   mergePolicyReports,
   mergeSnapshots,
   type PolicyWorkerReport,
@@ -116,6 +124,80 @@ describe("the commit's snapshots", () => {
     expect([...merged.undelivered].sort()).toEqual(['c1', 'c2']);
     expect(merged.cuts.get('r-a1')?.admitted_at).toBe(7);
     expect(merged.cuts.get('q-a1')).toEqual(cut('q-a0', 1));
+  });
+});
+
+describe("a worker's handed ledgers", () => {
+  const rows: Record<string, JsonObject[]> = {
+    'r-a1': [
+      { model_call_id: 'c1', staging_key: 's1', logprob: -Infinity },
+      { model_call_id: 'c2', staging_key: 's2', text: 'héllo ✓' },
+      { model_call_id: 'c3', staging_key: null },
+    ],
+    's-a1': [{ model_call_id: 'c4', staging_key: 's4' }],
+  };
+  const appended = Object.entries(rows).map(([key, r]) => ({
+    key,
+    rows: r,
+    lines: r.map((row) => encodeJson(row)),
+  }));
+  const text = (bytes: readonly (string | Uint8Array)[]) =>
+    bytes.map((b) => (typeof b === 'string' ? b : Buffer.from(b).toString('utf8'))).join('');
+
+  it("keep each row's text as bytes, and leave out undelivered calls' rows by the index", () => {
+    const { index, bytes } = handLedgers(appended);
+    expect(index).toEqual({
+      keys: ['r-a1', 's-a1'],
+      rows: [3, 1],
+      ids: ['c1', 'c2', 'c3', 'c4'],
+      staging: ['s1', 's2', null, 's4'],
+      lengths: appended.flatMap((l) => l.lines.map((line) => Buffer.byteLength(line))),
+    });
+    const handed = new HandedLedgers();
+    handed.add(index, bytes);
+    const all = handed.kept('r-a1', new Set())!;
+    expect(all.joined).toHaveLength(1);
+    expect(text(all.joined)).toBe(appended[0]!.lines.join(','));
+    expect(all.staging).toEqual(['s1', 's2']);
+    const kept = handed.kept('r-a1', new Set(['c2', 'c4']))!;
+    expect(kept.texts.map((t) => text([t]))).toEqual([
+      appended[0]!.lines[0],
+      appended[0]!.lines[2],
+    ]);
+    expect(text(kept.joined)).toBe(`${appended[0]!.lines[0]},${appended[0]!.lines[2]}`);
+    expect(kept.staging).toEqual(['s1']);
+    expect(handed.kept('s-a1', new Set(['c4']))).toEqual({ texts: [], joined: [], staging: [] });
+    expect(handed.kept('t-a1', new Set())).toBeUndefined();
+  });
+
+  it('an index that does not match its bytes fails the export', () => {
+    const { index, bytes } = handLedgers(appended);
+    const broken = [
+      { index, bytes: Buffer.concat([bytes, Buffer.from(' ')]) },
+      { index, bytes: bytes.subarray(1) },
+      { index: { ...index, lengths: [index.lengths[0]! + 1, index.lengths[1]! - 1, 1, 1] }, bytes },
+      { index: { ...index, rows: [2, 1] }, bytes },
+      { index: { ...index, rows: [0, 3, 1], keys: ['q-a1', ...index.keys] }, bytes },
+      { index: { ...index, staging: index.staging.slice(1) }, bytes },
+      { index: { ...index, keys: undefined } as never, bytes },
+    ];
+    for (const { index: i, bytes: b } of broken) {
+      expect(() => new HandedLedgers().add(i, b)).toThrow(/do not match their bytes/);
+    }
+  });
+
+  it('the first worker handing a key wins', () => {
+    const handed = new HandedLedgers();
+    const first = handLedgers([appended[1]!]);
+    const other = {
+      key: 's-a1',
+      rows: [{ model_call_id: 'c9' }],
+      lines: ['{"model_call_id":"c9"}'],
+    };
+    const second = handLedgers([other]);
+    handed.add(first.index, first.bytes);
+    handed.add(second.index, second.bytes);
+    expect(text(handed.kept('s-a1', new Set())!.joined)).toBe(appended[1]!.lines[0]);
   });
 });
 

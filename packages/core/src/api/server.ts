@@ -220,7 +220,13 @@ export {
   type ForwardedControl,
   serveCoordinator,
 } from '../workers/coordinator-server.js';
-export { encodeFrame, FrameError, FrameReader, MAX_FRAME_BYTES } from '../workers/frames.js';
+export {
+  encodeFrame,
+  FrameError,
+  FrameReader,
+  MAX_FRAME_BYTES,
+  WithBytes,
+} from '../workers/frames.js';
 export { type MarksRelay, RelayedMarks } from '../workers/marks.js';
 export { replyTimeoutMs } from '../workers/rules.js';
 export {

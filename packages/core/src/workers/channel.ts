@@ -3,7 +3,9 @@
  * A request's send and its reply share one timeout; a timeout or a lost connection is a typed,
  * retryable `checkpoint_coordinator_unavailable`. A handler's typed error is the caller's typed
  * error; an untyped throw is `checkpoint_error`; a reply that cannot be framed is answered with a
- * typed `invalid_checkpoint_state` error instead, so the caller never waits to its deadline.
+ * typed `invalid_checkpoint_state` error instead, so the caller never waits to its deadline. A
+ * handler may answer `WithBytes`: the caller's reply is then a `WithBytes` too (only replies carry
+ * bytes; a request frame with bytes is corrupt).
  */
 import type { Socket } from 'node:net';
 
@@ -16,7 +18,7 @@ import {
 } from '../errors.js';
 import type { JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
-import { encodeFrame, FrameReader } from './frames.js';
+import { encodeFrame, FrameError, FrameReader, WithBytes } from './frames.js';
 import type {
   ChannelError,
   ChannelHandler,
@@ -38,7 +40,7 @@ export interface ChannelOptions {
 
 interface Pending {
   readonly kind: string;
-  resolve(body: JsonValue): void;
+  resolve(body: JsonValue | WithBytes): void;
   reject(err: Error): void;
 }
 
@@ -92,14 +94,19 @@ export class Channel {
   }
 
   /**
-   * Sends a request and waits for its reply, both within `timeoutMs`. Rejects with the reply's
-   * typed error, or `CoordinatorUnavailableError` on a timeout or a lost connection.
+   * Sends a request and waits for its reply, both within `timeoutMs`: its body, or `WithBytes`
+   * when the handler answered with bytes. Rejects with the reply's typed error, or
+   * `CoordinatorUnavailableError` on a timeout or a lost connection.
    */
-  call(kind: string, body: unknown, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
+  call(
+    kind: string,
+    body: unknown,
+    timeoutMs = MESSAGE_TIMEOUT_MS,
+  ): Promise<JsonValue | WithBytes> {
     if (this.#closed) return Promise.reject(this.#unavailable(kind, 'the connection is closed'));
     this.#nextId += 1;
     const id = this.#nextId;
-    return new Promise<JsonValue>((resolve, reject) => {
+    return new Promise<JsonValue | WithBytes>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.#pending.delete(id);
         reject(this.#unavailable(kind, `no reply within ${timeoutMs} ms`));
@@ -141,9 +148,12 @@ export class Channel {
   }
 
   #receive(chunk: Buffer): void {
-    let messages: JsonValue[];
+    let messages: (JsonValue | WithBytes)[];
     try {
       messages = this.#reader.push(chunk);
+      if (messages.some((m) => m instanceof WithBytes && !isReply(m.body))) {
+        throw new FrameError('a request frame carries bytes; only replies may');
+      }
     } catch (err) {
       this.#options.logger?.error('checkpoint channel frame rejected; closing the connection', {
         error: describeThrow(err),
@@ -152,16 +162,18 @@ export class Channel {
       return;
     }
     for (const message of messages) {
-      if (isReply(message)) this.#settle(message);
+      if (message instanceof WithBytes) this.#settle(message.body as ChannelReply, message.bytes);
+      else if (isReply(message)) this.#settle(message);
       else this.#serve(message as unknown as ChannelRequest);
     }
   }
 
-  #settle(reply: ChannelReply): void {
+  #settle(reply: ChannelReply, bytes?: Uint8Array): void {
     const pending = this.#pending.get(reply.reply_to);
     if (!pending) return;
-    if (reply.ok) pending.resolve(reply.body as JsonValue);
-    else pending.reject(errorOfReply(reply.error));
+    if (!reply.ok) pending.reject(errorOfReply(reply.error));
+    else if (bytes === undefined) pending.resolve(reply.body as JsonValue);
+    else pending.resolve(new WithBytes(reply.body as JsonValue, bytes));
   }
 
   #serve(request: ChannelRequest): void {
@@ -198,7 +210,11 @@ export class Channel {
     if (this.#closed) return;
     let frame: Buffer;
     try {
-      frame = encodeFrame(reply, this.#options.maxFrameBytes);
+      const answer = reply.ok ? reply.body : undefined;
+      frame =
+        answer instanceof WithBytes
+          ? encodeFrame({ ...reply, body: answer.body }, this.#options.maxFrameBytes, answer.bytes)
+          : encodeFrame(reply, this.#options.maxFrameBytes);
     } catch (err) {
       this.#options.logger?.error('checkpoint reply cannot be framed', {
         kind: request.kind,

@@ -18,6 +18,7 @@ import {
 } from '../participant.js';
 import type { CheckpointRecord } from '../store.js';
 import type { Channel } from './channel.js';
+import type { WithBytes } from './frames.js';
 import { RelayedMarks } from './marks.js';
 import {
   type CoordinatorHooks,
@@ -230,7 +231,7 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
     kind: string,
     body: unknown,
     timeoutMs = MESSAGE_TIMEOUT_MS,
-  ): Promise<Map<number, JsonValue>> {
+  ): Promise<Map<number, JsonValue | WithBytes>> {
     const messages = new Map([...this.#workers.keys()].map((index) => [index, { kind, body }]));
     return this.callEach(messages, timeoutMs);
   }
@@ -242,12 +243,12 @@ export abstract class WorkerCoordinator<R extends CheckpointRecord = CheckpointR
   protected async callEach(
     messages: ReadonlyMap<number, WorkerMessage>,
     timeoutMs = MESSAGE_TIMEOUT_MS,
-  ): Promise<Map<number, JsonValue>> {
+  ): Promise<Map<number, JsonValue | WithBytes>> {
     const calls = [...messages].filter(([index]) => this.#workers.has(index));
     const results = await Promise.allSettled(
       calls.map(([index, m]) => this.#workers.get(index)!.channel.call(m.kind, m.body, timeoutMs)),
     );
-    const replies = new Map<number, JsonValue>();
+    const replies = new Map<number, JsonValue | WithBytes>();
     results.forEach((result, i) => {
       const [index, { kind }] = calls[i]!;
       if (result.status === 'fulfilled') {

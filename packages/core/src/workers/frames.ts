@@ -2,6 +2,11 @@
  * Frames on a worker channel: a 4-byte big-endian length, then that many bytes of UTF-8 JSON
  * written by core's faithful codec, as the checkpoint writer writes records — so NaN, ±Infinity
  * (a `-Infinity` logprob) and integers beyond 2^53 reach the other process unchanged.
+ *
+ * A frame may carry raw bytes beside its JSON (`WithBytes`): the top bit of its length prefix is
+ * set, and its content is a 4-byte big-endian length of the JSON, the JSON, then the bytes. The
+ * bytes are neither encoded nor decoded (a policy worker's ledger lines reach the coordinator as
+ * they are), and the reader hands them over as a view of the frame, not a copy.
  */
 import { decodeJson, encodeJson, type JsonValue } from '../json.js';
 
@@ -11,23 +16,45 @@ import { decodeJson, encodeJson, type JsonValue } from '../json.js';
  */
 export const MAX_FRAME_BYTES = 1024 * 1024 * 1024;
 const PREFIX_BYTES = 4;
+/** Set in the length prefix of a frame that carries bytes beside its JSON. */
+const WITH_BYTES_FLAG = 0x8000_0000;
+
+/** A message with raw bytes beside it: its JSON `body` and `bytes` that travel unencoded. */
+export class WithBytes {
+  constructor(
+    readonly body: JsonValue,
+    readonly bytes: Uint8Array,
+  ) {}
+}
 
 /** A frame that cannot be written or read: too long, or its bytes are not JSON. */
 export class FrameError extends Error {
   override readonly name = 'FrameError';
 }
 
-/** One message as a frame; throws `FrameError` (too long) or the codec's `JsonEncodeError`. */
-export function encodeFrame(message: unknown, maxBytes = MAX_FRAME_BYTES): Buffer {
+/**
+ * One message as a frame, with `bytes` beside it if given; throws `FrameError` (too long) or the
+ * codec's `JsonEncodeError`.
+ */
+export function encodeFrame(
+  message: unknown,
+  maxBytes = MAX_FRAME_BYTES,
+  bytes?: Uint8Array,
+): Buffer {
   const data = Buffer.from(encodeJson(message), 'utf8');
-  if (data.length > maxBytes) {
-    throw new FrameError(
-      `a message of ${data.length} bytes exceeds the frame limit of ${maxBytes}`,
-    );
+  const size = bytes === undefined ? data.length : PREFIX_BYTES + data.length + bytes.length;
+  if (size > maxBytes) {
+    throw new FrameError(`a message of ${size} bytes exceeds the frame limit of ${maxBytes}`);
   }
   const prefix = Buffer.allocUnsafe(PREFIX_BYTES);
-  prefix.writeUInt32BE(data.length, 0);
-  return Buffer.concat([prefix, data]);
+  if (bytes === undefined) {
+    prefix.writeUInt32BE(data.length, 0);
+    return Buffer.concat([prefix, data]);
+  }
+  prefix.writeUInt32BE((size | WITH_BYTES_FLAG) >>> 0, 0);
+  const jsonLength = Buffer.allocUnsafe(PREFIX_BYTES);
+  jsonLength.writeUInt32BE(data.length, 0);
+  return Buffer.concat([prefix, jsonLength, data, bytes]);
 }
 
 /** Reads frames out of a byte stream, chunk by chunk. */
@@ -40,20 +67,25 @@ export class FrameReader {
     this.#maxBytes = maxBytes;
   }
 
-  /** Adds a chunk; returns the messages it completed. Throws `FrameError` on a corrupt frame. */
-  push(chunk: Buffer): JsonValue[] {
+  /**
+   * Adds a chunk; returns the messages it completed (a frame carrying bytes as `WithBytes`).
+   * Throws `FrameError` on a corrupt frame.
+   */
+  push(chunk: Buffer): (JsonValue | WithBytes)[] {
     this.#chunks.push(chunk);
     this.#buffered += chunk.length;
-    const messages: JsonValue[] = [];
+    const messages: (JsonValue | WithBytes)[] = [];
     for (;;) {
       if (this.#buffered < PREFIX_BYTES) return messages;
-      const size = this.#peekSize();
+      const prefix = this.#peekSize();
+      const withBytes = prefix >= WITH_BYTES_FLAG;
+      const size = withBytes ? prefix - WITH_BYTES_FLAG : prefix;
       if (size > this.#maxBytes) {
         throw new FrameError(`a frame of ${size} bytes exceeds the limit of ${this.#maxBytes}`);
       }
       if (this.#buffered < PREFIX_BYTES + size) return messages;
       const frame = this.#take(PREFIX_BYTES + size).subarray(PREFIX_BYTES);
-      messages.push(this.#decode(frame));
+      messages.push(withBytes ? this.#decodeWithBytes(frame) : this.#decode(frame));
     }
   }
 
@@ -71,6 +103,18 @@ export class FrameReader {
     this.#chunks = rest.length > 0 ? [rest] : [];
     this.#buffered = rest.length;
     return joined.subarray(0, bytes);
+  }
+
+  /** A frame's JSON and the bytes after it; a JSON length the frame cannot hold is corrupt. */
+  #decodeWithBytes(frame: Buffer): WithBytes {
+    const jsonLength = frame.length >= PREFIX_BYTES ? frame.readUInt32BE(0) : undefined;
+    if (jsonLength === undefined || PREFIX_BYTES + jsonLength > frame.length) {
+      throw new FrameError(
+        `a frame of ${frame.length} bytes cannot hold the JSON length it declares (${jsonLength ?? 'none'})`,
+      );
+    }
+    const json = frame.subarray(PREFIX_BYTES, PREFIX_BYTES + jsonLength);
+    return new WithBytes(this.#decode(json), frame.subarray(PREFIX_BYTES + jsonLength));
   }
 
   #decode(frame: Buffer): JsonValue {

@@ -14,6 +14,7 @@ import type { Logger } from '../logging.js';
 import type { ControlTarget } from '../control/routes.js';
 import type { MetricsJson } from '../telemetry/metrics.js';
 import { Channel } from './channel.js';
+import type { WithBytes } from './frames.js';
 import type { ForwardedControl } from './coordinator-server.js';
 import { replyTimeoutMs } from './rules.js';
 import {
@@ -109,7 +110,11 @@ export class WorkerLink {
   }
 
   /** Sends a kind message to the coordinator. */
-  call(kind: string, body: unknown, timeoutMs = MESSAGE_TIMEOUT_MS): Promise<JsonValue> {
+  call(
+    kind: string,
+    body: unknown,
+    timeoutMs = MESSAGE_TIMEOUT_MS,
+  ): Promise<JsonValue | WithBytes> {
     if (!this.#channel) {
       return Promise.reject(
         new CoordinatorUnavailableError(

@@ -1,6 +1,6 @@
 import { CkptGymError, StaleAttemptError } from '../../src/errors.js';
 import { Channel } from '../../src/workers/channel.js';
-import { encodeFrame, FrameReader } from '../../src/workers/frames.js';
+import { encodeFrame, FrameReader, WithBytes } from '../../src/workers/frames.js';
 import { MemoryLogger } from '../support/test-participant.js';
 import { channelPair, refusedWith, socketPair, useSockets } from './sockets.js';
 
@@ -109,5 +109,51 @@ describe('the worker channel', () => {
     bad.writeUInt32BE(0xffffffff, 0);
     s2.write(bad);
     await expect(call).resolves.toEqual(['checkpoint_coordinator_unavailable', 503]);
+  });
+
+  test('a reply with bytes reaches the caller as its body and the bytes unencoded, over a real socket', async () => {
+    const bytes = Buffer.from([0xff, 0xfe, 0x00, 0x7b]);
+    const { a } = await channelPair({
+      handler: async () => new WithBytes({ logprob: -Infinity, big: 2n ** 64n }, bytes),
+    });
+    const reply = await a.call('snapshot', {});
+    expect(reply).toBeInstanceOf(WithBytes);
+    expect((reply as WithBytes).body).toEqual({ logprob: -Infinity, big: 2n ** 64n });
+    expect(Buffer.from((reply as WithBytes).bytes)).toEqual(bytes);
+    // A plain reply is still the body itself.
+    const { a: plain } = await channelPair({ handler: async () => ({ ok: 1 }) });
+    await expect(plain.call('x', {})).resolves.toEqual({ ok: 1 });
+  });
+
+  test('a reply whose bytes take it over the frame limit is a typed 422, not a hang', async () => {
+    const { a } = await channelPair({
+      maxFrameBytes: 200,
+      handler: async () => new WithBytes({}, Buffer.alloc(1000)),
+    });
+    await expect(refusal(a.call('snapshot', {}, 60_000))).resolves.toEqual([
+      'invalid_checkpoint_state',
+      422,
+    ]);
+  });
+
+  test('a request frame carrying bytes is corrupt: it is not served and the connection drops', async () => {
+    const [raw, served] = await socketPair();
+    const logger = new MemoryLogger();
+    const seen: string[] = [];
+    new Channel(served, {
+      logger,
+      handler: async (kind) => {
+        seen.push(kind);
+        return {};
+      },
+    });
+    const closed = new Promise<void>((resolve) => raw.once('close', () => resolve()));
+    raw.on('data', () => undefined);
+    raw.write(encodeFrame({ id: 1, kind: 'close', body: {} }, undefined, Buffer.from('x')));
+    await closed;
+    expect(seen).toEqual([]);
+    expect(logger.lines.map((l) => l.message)).toContain(
+      'checkpoint channel frame rejected; closing the connection',
+    );
   });
 });

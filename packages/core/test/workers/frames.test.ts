@@ -1,4 +1,10 @@
-import { encodeFrame, FrameError, FrameReader, MAX_FRAME_BYTES } from '../../src/workers/frames.js';
+import {
+  encodeFrame,
+  FrameError,
+  FrameReader,
+  MAX_FRAME_BYTES,
+  WithBytes,
+} from '../../src/workers/frames.js';
 import { channelPair, useSockets } from './sockets.js';
 
 useSockets();
@@ -54,5 +60,55 @@ describe('worker channel frames', () => {
 
   test('a message longer than the limit cannot be framed', () => {
     expect(() => encodeFrame({ text: 'x'.repeat(100) }, 50)).toThrow(FrameError);
+  });
+
+  test("bytes beside a frame's JSON reach the reader as they are, also across chunks", () => {
+    // Not UTF-8 and not JSON: they would not survive being encoded as text.
+    const bytes = Buffer.from([0xff, 0x00, 0xfe, 0x22, 0x5c, 0x0a]);
+    const frame = encodeFrame(FAITHFUL, MAX_FRAME_BYTES, bytes);
+    const whole = new FrameReader().push(frame);
+    expect(whole).toEqual([new WithBytes(FAITHFUL, bytes)]);
+    const reader = new FrameReader();
+    const out = [];
+    const stream = Buffer.concat([frame, encodeFrame({ after: true })]);
+    for (let i = 0; i < stream.length; i += 5) out.push(...reader.push(stream.subarray(i, i + 5)));
+    expect(out).toHaveLength(2);
+    expect(out[0]).toBeInstanceOf(WithBytes);
+    expect(Buffer.from((out[0] as WithBytes).bytes)).toEqual(bytes);
+    expect((out[0] as WithBytes).body).toEqual(FAITHFUL);
+    expect(out[1]).toEqual({ after: true });
+  });
+
+  test('a frame with no bytes beside its JSON is read as a frame with empty bytes', () => {
+    const [message] = new FrameReader().push(
+      encodeFrame({ a: 1 }, MAX_FRAME_BYTES, Buffer.alloc(0)),
+    );
+    expect(message).toBeInstanceOf(WithBytes);
+    expect((message as WithBytes).bytes.length).toBe(0);
+  });
+
+  test('a frame whose JSON length runs past the frame is rejected as corrupt', () => {
+    // A well-formed JSON text fills the frame, but the length it declares is 10 bytes more.
+    const json = Buffer.from('{"a":1}');
+    const frame = Buffer.alloc(8 + json.length);
+    frame.writeUInt32BE((0x8000_0000 | (4 + json.length)) >>> 0, 0);
+    frame.writeUInt32BE(json.length + 10, 4);
+    json.copy(frame, 8);
+    expect(() => new FrameReader().push(frame)).toThrow(/cannot hold the JSON length/);
+    expect(() => new FrameReader().push(frame)).toThrow(FrameError);
+  });
+
+  test('a frame with bytes too short to hold its JSON length is rejected as corrupt', () => {
+    const frame = Buffer.alloc(6);
+    frame.writeUInt32BE((0x8000_0000 | 2) >>> 0, 0);
+    expect(() => new FrameReader().push(frame)).toThrow(FrameError);
+  });
+
+  test('the frame limit counts the bytes beside the JSON', () => {
+    expect(() => encodeFrame({ a: 1 }, 50, Buffer.alloc(100))).toThrow(FrameError);
+    expect(() => encodeFrame({ a: 1 }, 150, Buffer.alloc(100))).not.toThrow();
+    // A reader with a lower limit refuses the frame as too long.
+    const frame = encodeFrame({ a: 1 }, MAX_FRAME_BYTES, Buffer.alloc(100));
+    expect(() => new FrameReader(50).push(frame)).toThrow(/exceeds the limit/);
   });
 });
