@@ -34,13 +34,8 @@ export class IdleQueue<T> {
   constructor(
     /** A promise it returns is not awaited (the next item starts at once); a rejection is ignored. */
     private readonly work: (item: T) => void | Promise<void>,
-    options: IdleQueueOptions | number = {},
+    { slice = 256, settleMs = 0, urgent = () => false }: IdleQueueOptions = {},
   ) {
-    const {
-      slice = 256,
-      settleMs = 0,
-      urgent = () => false,
-    } = typeof options === 'number' ? { slice: options } : options;
     this.#slice = slice;
     this.#settleMs = settleMs;
     this.#urgent = urgent;

@@ -6,7 +6,7 @@ const turn = () => new Promise<void>((resolve) => setImmediate(resolve));
 describe('IdleQueue', () => {
   test('work runs in idle turns, a slice per turn, never during the call that queues', async () => {
     const done: number[] = [];
-    const queue = new IdleQueue<number>((n) => void done.push(n), 3);
+    const queue = new IdleQueue<number>((n) => void done.push(n), { slice: 3 });
     for (let i = 0; i < 7; i++) queue.add(i);
     expect(done).toEqual([]);
     await turn();
