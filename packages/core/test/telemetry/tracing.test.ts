@@ -14,6 +14,7 @@ import { parseStackFile } from '../../src/settings.js';
 import {
   DEFAULT_TRACES_ENDPOINT,
   inSpan,
+  samplerFromEnv,
   startTracing,
   startTracingFor,
   tracingOn,
@@ -80,6 +81,31 @@ describe('tracingPlan', () => {
 
   it('refuses an exporter it does not have', () => {
     expect(() => tracingPlan({ OTEL_TRACES_EXPORTER: 'zipkin' }, FILE, 'env')).toThrow(ConfigError);
+  });
+});
+
+describe('samplerFromEnv', () => {
+  const named = (env: Record<string, string>) => samplerFromEnv(env).toString();
+
+  it('builds the sampler OTEL_TRACES_SAMPLER names, parent-based always-on by default', () => {
+    expect(named({})).toMatch(/^ParentBased\{root=AlwaysOnSampler,/);
+    expect(named({ OTEL_TRACES_SAMPLER: 'always_off' })).toBe('AlwaysOffSampler');
+    expect(named({ OTEL_TRACES_SAMPLER: 'always_on' })).toBe('AlwaysOnSampler');
+    expect(named({ OTEL_TRACES_SAMPLER: 'parentbased_always_off' })).toMatch(
+      /^ParentBased\{root=AlwaysOffSampler,/,
+    );
+  });
+
+  it('takes the ratio from OTEL_TRACES_SAMPLER_ARG, 1 when it is missing or out of range', () => {
+    const ratio = {
+      OTEL_TRACES_SAMPLER: 'parentbased_traceidratio',
+      OTEL_TRACES_SAMPLER_ARG: '0.25',
+    };
+    expect(named(ratio)).toMatch(/^ParentBased\{root=TraceIdRatioBased\{0\.25\},/);
+    expect(named({ OTEL_TRACES_SAMPLER: 'traceidratio', OTEL_TRACES_SAMPLER_ARG: '2' })).toBe(
+      'TraceIdRatioBased{1}',
+    );
+    expect(named({ OTEL_TRACES_SAMPLER: 'traceidratio' })).toBe('TraceIdRatioBased{1}');
   });
 });
 
