@@ -3,7 +3,7 @@
  * caller's `traceparent` (so one rollout's calls from environment to agent to policy and resources
  * are one trace), named `<METHOD> <route template>` as the HTTP conventions name server spans.
  */
-import { context, SpanStatusCode, trace } from '@opentelemetry/api';
+import { type Attributes, context, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   ATTR_HTTP_REQUEST_METHOD,
   ATTR_HTTP_RESPONSE_STATUS_CODE,
@@ -31,11 +31,11 @@ export function traceRequest(route: string): RequestHandler {
     }
     const episode = requestEpisode(req);
     const parent = callerContext(req.headers);
-    const attributes = {
+    const attributes: Attributes = {
       [ATTR_HTTP_REQUEST_METHOD]: req.method,
       [ATTR_HTTP_ROUTE]: route,
-      ...(episode === undefined ? {} : { [ATTR_CAPTURE_KEY]: captureKey(episode) }),
     };
+    if (episode !== undefined) attributes[ATTR_CAPTURE_KEY] = captureKey(episode);
     const span = startServerSpan(recorder, `${req.method} ${route}`, attributes, parent);
     res.once('close', () => {
       span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, res.statusCode);

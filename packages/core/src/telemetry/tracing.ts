@@ -249,7 +249,10 @@ export async function inSpan<T>(
  * to be started in.
  */
 export function callerContext(headers: Record<string, unknown>): Context {
-  return propagation.extract(trace.deleteSpan(context.active()), headers);
+  const active = context.active();
+  // A request's work starts from the root and its scope, spanless: no copy to take a span out.
+  const spanless = trace.getSpan(active) === undefined ? active : trace.deleteSpan(active);
+  return propagation.extract(spanless, headers);
 }
 
 /** What request spans (`server-span.ts`) are recorded with while tracing is on. */
