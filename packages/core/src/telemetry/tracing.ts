@@ -113,7 +113,8 @@ function samplerRatio(arg: string | undefined): number {
  */
 export function samplerFromEnv(env: Env): Sampler {
   const ratio = () => new TraceIdRatioBasedSampler(samplerRatio(env.OTEL_TRACES_SAMPLER_ARG));
-  switch (nonEmpty(env.OTEL_TRACES_SAMPLER)?.toLowerCase()) {
+  const name = nonEmpty(env.OTEL_TRACES_SAMPLER)?.toLowerCase();
+  switch (name) {
     case 'always_on':
       return new AlwaysOnSampler();
     case 'always_off':
@@ -125,6 +126,9 @@ export function samplerFromEnv(env: Env): Sampler {
     case 'parentbased_traceidratio':
       return new ParentBasedSampler({ root: ratio() });
     default:
+      if (name !== undefined && name !== 'parentbased_always_on') {
+        diag.error(`OTEL_TRACES_SAMPLER=${name} is not a sampler: parentbased_always_on instead`);
+      }
       return new ParentBasedSampler({ root: new AlwaysOnSampler() });
   }
 }

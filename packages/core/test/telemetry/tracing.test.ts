@@ -6,7 +6,8 @@ import { once } from 'node:events';
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { trace } from '@opentelemetry/api';
+import { jest } from '@jest/globals';
+import { diag, trace } from '@opentelemetry/api';
 
 import { ConfigError } from '../../src/errors.js';
 import { createHttpClients } from '../../src/http-client.js';
@@ -94,6 +95,21 @@ describe('samplerFromEnv', () => {
     expect(named({ OTEL_TRACES_SAMPLER: 'parentbased_always_off' })).toMatch(
       /^ParentBased\{root=AlwaysOffSampler,/,
     );
+  });
+
+  it('says so through the OTel diag logger when OTEL_TRACES_SAMPLER names no sampler, and uses the default', () => {
+    const error = jest.spyOn(diag, 'error').mockImplementation(() => {});
+    try {
+      expect(named({ OTEL_TRACES_SAMPLER: 'sometimes' })).toMatch(
+        /^ParentBased\{root=AlwaysOnSampler,/,
+      );
+      expect(error).toHaveBeenCalledWith(expect.stringContaining('OTEL_TRACES_SAMPLER=sometimes'));
+      error.mockClear();
+      named({ OTEL_TRACES_SAMPLER: 'parentbased_always_on' });
+      expect(error).not.toHaveBeenCalled();
+    } finally {
+      error.mockRestore();
+    }
   });
 
   it('takes the ratio from OTEL_TRACES_SAMPLER_ARG, 1 when it is missing or out of range', () => {
