@@ -3,7 +3,7 @@
  * caller's `traceparent` (so one rollout's calls from environment to agent to policy and resources
  * are one trace), named `<METHOD> <route template>` as the HTTP conventions name server spans.
  */
-import { context, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
+import { type Attributes, context, SpanStatusCode, trace } from '@opentelemetry/api';
 import {
   ATTR_HTTP_REQUEST_METHOD,
   ATTR_HTTP_RESPONSE_STATUS_CODE,
@@ -12,7 +12,8 @@ import {
 import type { RequestHandler } from 'express';
 
 import { captureKey, requestEpisode } from '../identity.js';
-import { callerContext, gymTracer } from './tracing.js';
+import { startServerSpan } from './server-span.js';
+import { callerContext, spanRecorder } from './tracing.js';
 
 /** The episode a data-plane request is part of (its `/ng-rollout/<key>` prefix). */
 export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
@@ -23,25 +24,19 @@ export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
  */
 export function traceRequest(route: string): RequestHandler {
   return (req, res, next) => {
-    const tracer = gymTracer();
-    if (tracer === undefined) {
+    const recorder = spanRecorder();
+    if (recorder === undefined) {
       next();
       return;
     }
     const episode = requestEpisode(req);
     const parent = callerContext(req.headers);
-    const span = tracer.startSpan(
-      `${req.method} ${route}`,
-      {
-        kind: SpanKind.SERVER,
-        attributes: {
-          [ATTR_HTTP_REQUEST_METHOD]: req.method,
-          [ATTR_HTTP_ROUTE]: route,
-          ...(episode === undefined ? {} : { [ATTR_CAPTURE_KEY]: captureKey(episode) }),
-        },
-      },
-      parent,
-    );
+    const attributes: Attributes = {
+      [ATTR_HTTP_REQUEST_METHOD]: req.method,
+      [ATTR_HTTP_ROUTE]: route,
+    };
+    if (episode !== undefined) attributes[ATTR_CAPTURE_KEY] = captureKey(episode);
+    const span = startServerSpan(recorder, `${req.method} ${route}`, attributes, parent);
     res.once('close', () => {
       span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, res.statusCode);
       if (res.statusCode >= 500) span.setStatus({ code: SpanStatusCode.ERROR });

@@ -18,15 +18,22 @@ import {
 import { OTLPTraceExporter } from '@opentelemetry/exporter-trace-otlp-http';
 import { detectResources, envDetector, resourceFromAttributes } from '@opentelemetry/resources';
 import {
+  AlwaysOffSampler,
+  AlwaysOnSampler,
   BatchSpanProcessor,
+  ParentBasedSampler,
+  RandomIdGenerator,
+  type Sampler,
   SimpleSpanProcessor,
   type SpanExporter,
+  TraceIdRatioBasedSampler,
 } from '@opentelemetry/sdk-trace-base';
 import { NodeTracerProvider } from '@opentelemetry/sdk-trace-node';
 import { ATTR_SERVICE_NAME } from '@opentelemetry/semantic-conventions';
 
 import { ConfigError } from '../errors.js';
 import type { Env, TelemetrySettings } from '../settings.js';
+import type { SpanRecorder } from './server-span.js';
 
 /** The instrumentation scope of every span ckpt-gym makes. */
 export const TRACER_NAME = 'ckpt-gym';
@@ -93,6 +100,39 @@ export function tracingPlan(
   };
 }
 
+/** `OTEL_TRACES_SAMPLER_ARG` as a ratio: the spec's default 1 when it is missing or out of range. */
+function samplerRatio(arg: string | undefined): number {
+  const ratio = Number(nonEmpty(arg) ?? Number.NaN);
+  return ratio >= 0 && ratio <= 1 ? ratio : 1;
+}
+
+/**
+ * The sampler `OTEL_TRACES_SAMPLER` (and `OTEL_TRACES_SAMPLER_ARG`) name, as the SDK builds it
+ * from them (default `parentbased_always_on`); built here once so the SDK's spans and the request
+ * spans (`server-span.ts`) share it.
+ */
+export function samplerFromEnv(env: Env): Sampler {
+  const ratio = () => new TraceIdRatioBasedSampler(samplerRatio(env.OTEL_TRACES_SAMPLER_ARG));
+  const name = nonEmpty(env.OTEL_TRACES_SAMPLER)?.toLowerCase();
+  switch (name) {
+    case 'always_on':
+      return new AlwaysOnSampler();
+    case 'always_off':
+      return new AlwaysOffSampler();
+    case 'traceidratio':
+      return ratio();
+    case 'parentbased_always_off':
+      return new ParentBasedSampler({ root: new AlwaysOffSampler() });
+    case 'parentbased_traceidratio':
+      return new ParentBasedSampler({ root: ratio() });
+    default:
+      if (name !== undefined && name !== 'parentbased_always_on') {
+        diag.error(`OTEL_TRACES_SAMPLER=${name} is not a sampler: parentbased_always_on instead`);
+      }
+      return new ParentBasedSampler({ root: new AlwaysOnSampler() });
+  }
+}
+
 /** The running tracing of this process. */
 export interface Tracing {
   readonly serviceName: string;
@@ -111,7 +151,7 @@ export interface StartTracingOptions {
   readonly exporter?: SpanExporter;
 }
 
-let running: { tracing: Tracing; tracer: Tracer } | undefined;
+let running: { tracing: Tracing; tracer: Tracer; recorder: SpanRecorder } | undefined;
 
 /** Whether this process traces: the one check every hot-path helper makes first. */
 export function tracingOn(): boolean {
@@ -131,8 +171,11 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
   const processor = options.exporter
     ? new SimpleSpanProcessor(options.exporter)
     : new BatchSpanProcessor(new OTLPTraceExporter({ url: plan.endpoint }));
-  const provider = new NodeTracerProvider({ resource, spanProcessors: [processor] });
+  const sampler = samplerFromEnv(process.env);
+  const provider = new NodeTracerProvider({ resource, sampler, spanProcessors: [processor] });
   provider.register();
+  const scope = { name: TRACER_NAME, version: undefined, schemaUrl: undefined };
+  const recorder = { resource, scope, sampler, processor, ids: new RandomIdGenerator() };
   const tracing: Tracing = {
     serviceName: plan.serviceName,
     async shutdown() {
@@ -149,7 +192,7 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
       }
     },
   };
-  running = { tracing, tracer: trace.getTracer(TRACER_NAME) };
+  running = { tracing, tracer: trace.getTracer(TRACER_NAME), recorder };
   return tracing;
 }
 
@@ -210,7 +253,15 @@ export async function inSpan<T>(
  * to be started in.
  */
 export function callerContext(headers: Record<string, unknown>): Context {
-  return propagation.extract(trace.deleteSpan(context.active()), headers);
+  const active = context.active();
+  // A request's work starts from the root and its scope, spanless: no copy to take a span out.
+  const spanless = trace.getSpan(active) === undefined ? active : trace.deleteSpan(active);
+  return propagation.extract(spanless, headers);
+}
+
+/** What request spans (`server-span.ts`) are recorded with while tracing is on. */
+export function spanRecorder(): SpanRecorder | undefined {
+  return running?.recorder;
 }
 
 /** The tracer while tracing is on. */

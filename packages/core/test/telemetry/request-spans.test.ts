@@ -8,7 +8,8 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import { jest } from '@jest/globals';
-import { propagation, SpanKind } from '@opentelemetry/api';
+import { propagation, SpanKind, trace } from '@opentelemetry/api';
+import { hrTimeToMilliseconds } from '@opentelemetry/core';
 import express from 'express';
 
 import { createHttpClients, type HttpClients, postUpstream } from '../../src/http-client.js';
@@ -148,6 +149,38 @@ describe('data-plane spans', () => {
     expect(one('POST /v1/echo').parentSpanContext).toBeUndefined();
   });
 
+  it('a caller’s unsampled traceparent records no span and is passed on unsampled (parent-based sampling)', async () => {
+    const downstream = await serve([echoRoute()]);
+    const upstream = await serve([relayRoute(downstream)]);
+    const caller = `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-00`;
+    const reply = await clients.data
+      .post(`${upstream}/ng-rollout/r-3/run`, { json: {}, headers: { traceparent: caller } })
+      .json<{ traceparent: string | null }>();
+    expect(reply.traceparent).toMatch(new RegExp(`^00-${'ab'.repeat(16)}-[0-9a-f]{16}-00$`));
+    await inSpan('after', {}, async () => {});
+    await waitForSpans('after', 1);
+    expect(named('POST /run')).toEqual([]);
+    expect(named('POST /v1/echo')).toEqual([]);
+  });
+
+  it('a route’s span is exported as the SDK’s spans are: their resource and scope, its times in the request', async () => {
+    const url = await serve([echoRoute()]);
+    const before = Date.now();
+    await inSpan('client', {}, () => clients.data.post(`${url}/v1/echo`, { json: {} }));
+    await waitForSpans('POST /v1/echo', 1);
+    const after = Date.now();
+    const [span, client] = [one('POST /v1/echo'), one('client')];
+    expect(span.resource).toBe(client.resource);
+    expect(span.instrumentationScope).toEqual(client.instrumentationScope);
+    const start = hrTimeToMilliseconds(span.startTime);
+    const end = hrTimeToMilliseconds(span.endTime);
+    expect(start).toBeGreaterThanOrEqual(before - 1);
+    expect(end).toBeGreaterThanOrEqual(start);
+    expect(end).toBeLessThanOrEqual(after + 1);
+    expect(hrTimeToMilliseconds(span.duration)).toBeCloseTo(end - start, 3);
+    expect(span.ended).toBe(true);
+  });
+
   it('a failed route’s span says its status', async () => {
     const url = await serve([echoRoute()]);
     const reply = await clients.data.post(`${url}/v1/echo`, {
@@ -158,5 +191,41 @@ describe('data-plane spans', () => {
     expect(reply.statusCode).toBe(422);
     await waitForSpans('POST /v1/echo', 1);
     expect(named('POST /v1/echo')[0]!.attributes['http.response.status_code']).toBe(422);
+  });
+});
+
+describe('data-plane spans with OTEL_TRACES_SAMPLER=always_off', () => {
+  let saved: string | undefined;
+  beforeAll(() => {
+    saved = process.env.OTEL_TRACES_SAMPLER;
+    process.env.OTEL_TRACES_SAMPLER = 'always_off';
+  });
+  afterAll(() => {
+    if (saved === undefined) delete process.env.OTEL_TRACES_SAMPLER;
+    else process.env.OTEL_TRACES_SAMPLER = saved;
+  });
+
+  it('a route’s span does not record, yet its calls pass a trace context on', async () => {
+    const downstream = await serve([echoRoute()]);
+    const probe = gymRoute({
+      method: 'post',
+      path: '/probe',
+      episode: 'none',
+      run: async ({ signal }) => {
+        const recording = trace.getActiveSpan()?.isRecording() ?? null;
+        const reply = await postUpstream(clients.data, `${downstream}/v1/echo`, {
+          json: {},
+          signal,
+        });
+        return { recording, ...(JSON.parse(reply.body) as object) };
+      },
+    });
+    const upstream = await serve([probe]);
+    const reply = await clients.data
+      .post(`${upstream}/probe`, { json: {} })
+      .json<{ recording: boolean | null; traceparent: string | null }>();
+    expect(reply.recording).toBe(false);
+    expect(reply.traceparent).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-00$/);
+    expect(named('POST /probe')).toEqual([]);
   });
 });

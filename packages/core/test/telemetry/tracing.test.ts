@@ -6,7 +6,8 @@ import { once } from 'node:events';
 import { createServer, type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { trace } from '@opentelemetry/api';
+import { jest } from '@jest/globals';
+import { diag, trace } from '@opentelemetry/api';
 
 import { ConfigError } from '../../src/errors.js';
 import { createHttpClients } from '../../src/http-client.js';
@@ -14,6 +15,7 @@ import { parseStackFile } from '../../src/settings.js';
 import {
   DEFAULT_TRACES_ENDPOINT,
   inSpan,
+  samplerFromEnv,
   startTracing,
   startTracingFor,
   tracingOn,
@@ -80,6 +82,46 @@ describe('tracingPlan', () => {
 
   it('refuses an exporter it does not have', () => {
     expect(() => tracingPlan({ OTEL_TRACES_EXPORTER: 'zipkin' }, FILE, 'env')).toThrow(ConfigError);
+  });
+});
+
+describe('samplerFromEnv', () => {
+  const named = (env: Record<string, string>) => samplerFromEnv(env).toString();
+
+  it('builds the sampler OTEL_TRACES_SAMPLER names, parent-based always-on by default', () => {
+    expect(named({})).toMatch(/^ParentBased\{root=AlwaysOnSampler,/);
+    expect(named({ OTEL_TRACES_SAMPLER: 'always_off' })).toBe('AlwaysOffSampler');
+    expect(named({ OTEL_TRACES_SAMPLER: 'always_on' })).toBe('AlwaysOnSampler');
+    expect(named({ OTEL_TRACES_SAMPLER: 'parentbased_always_off' })).toMatch(
+      /^ParentBased\{root=AlwaysOffSampler,/,
+    );
+  });
+
+  it('says so through the OTel diag logger when OTEL_TRACES_SAMPLER names no sampler, and uses the default', () => {
+    const error = jest.spyOn(diag, 'error').mockImplementation(() => {});
+    try {
+      expect(named({ OTEL_TRACES_SAMPLER: 'sometimes' })).toMatch(
+        /^ParentBased\{root=AlwaysOnSampler,/,
+      );
+      expect(error).toHaveBeenCalledWith(expect.stringContaining('OTEL_TRACES_SAMPLER=sometimes'));
+      error.mockClear();
+      named({ OTEL_TRACES_SAMPLER: 'parentbased_always_on' });
+      expect(error).not.toHaveBeenCalled();
+    } finally {
+      error.mockRestore();
+    }
+  });
+
+  it('takes the ratio from OTEL_TRACES_SAMPLER_ARG, 1 when it is missing or out of range', () => {
+    const ratio = {
+      OTEL_TRACES_SAMPLER: 'parentbased_traceidratio',
+      OTEL_TRACES_SAMPLER_ARG: '0.25',
+    };
+    expect(named(ratio)).toMatch(/^ParentBased\{root=TraceIdRatioBased\{0\.25\},/);
+    expect(named({ OTEL_TRACES_SAMPLER: 'traceidratio', OTEL_TRACES_SAMPLER_ARG: '2' })).toBe(
+      'TraceIdRatioBased{1}',
+    );
+    expect(named({ OTEL_TRACES_SAMPLER: 'traceidratio' })).toBe('TraceIdRatioBased{1}');
   });
 });
 
