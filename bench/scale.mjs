@@ -38,7 +38,13 @@ import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
-import { cpuByServer, processLabel, sampleMembers, stackMembers } from './lib/processes.mjs';
+import {
+  cpuByServer,
+  processLabel,
+  sampleCpu,
+  sampleMembers,
+  stackMembers,
+} from './lib/processes.mjs';
 import { difference, episodeBody } from './lib/stack.mjs';
 
 const { values: flags } = parseArgs({
@@ -110,9 +116,10 @@ function bytesUnder(dir) {
  * kernel); `by_process` each process's samples before and after.
  */
 async function cpuDuring(members, fn) {
-  const before = sampleMembers(members);
+  // CPU only: counting descriptors here would put tens of ms of /proc listing into the timing.
+  const before = sampleMembers(members, sampleCpu);
   const value = await fn();
-  const after = sampleMembers(members);
+  const after = sampleMembers(members, sampleCpu);
   const [from, to] = [cpuByServer(before), cpuByServer(after)];
   return {
     value,
