@@ -167,6 +167,20 @@ function processTable(held, commit) {
 }
 
 /**
+ * The commit's wall time against its slowest participant's own total (`serverTimings`): what the
+ * controller's side, the request and reply, and the servers' wait for a core add around the work.
+ */
+function commitOverSlowest(commitS, timings) {
+  const totals = Object.entries(timings)
+    .map(([server, entries]) => [server, entries['committed scale-c1']?.total_ms])
+    .filter(([, ms]) => typeof ms === 'number')
+    .sort((a, b) => b[1] - a[1]);
+  if (totals.length === 0) return null;
+  const [server, total_ms] = totals[0];
+  return { slowest: server, total_ms, outside_ms: Math.round(commitS * 1000 - total_ms) };
+}
+
+/**
  * Each server's own account of the checkpoint (its 'checkpoint committed' / 'checkpoint restored'
  * log lines): where the commit and restore time went, per server.
  */
@@ -407,6 +421,7 @@ async function main() {
       const key = JSON.stringify(reason).slice(0, 160);
       failedReasons.set(key, (failedReasons.get(key) ?? 0) + 1);
     }
+    const serverTimingsMs = serverTimings(handle);
     const result = {
       scale: ROLLOUTS,
       policy_workers: POLICY_WORKERS,
@@ -423,7 +438,8 @@ async function main() {
       restored: restored.env?.restored?.length ?? 0,
       timings_s: timings,
       records_bytes: recordsBytes,
-      server_timings_ms: serverTimings(handle),
+      server_timings_ms: serverTimingsMs,
+      commit_over_slowest_participant: commitOverSlowest(timings.commit, serverTimingsMs),
       server_cpu_ms: cpuMs,
       processes_at_all_held: processes,
       restore_floor_ms: floors,
@@ -464,6 +480,13 @@ async function main() {
           `${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`,
         );
       }
+    }
+    const over = result.commit_over_slowest_participant;
+    if (over !== null) {
+      console.log(
+        `commit ${timings.commit} s: slowest participant ${over.slowest} ${over.total_ms} ms ` +
+          `by its own total, ${over.outside_ms} ms outside the participants' work`,
+      );
     }
     for (const [what, spent] of Object.entries(cpuMs)) {
       console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
