@@ -129,6 +129,22 @@ async function cpuDuring(members, fn) {
   };
 }
 
+/**
+ * Waits until `members` together spend at most `idleMs` of CPU in `stepMs` (what they burn holding
+ * every rollout with nothing to do is ~10-60 ms a second), or `maxMs` passed.
+ */
+async function untilIdle(members, { stepMs = 250, idleMs = 25, maxMs = 15_000 } = {}) {
+  const total = () => sampleMembers(members, sampleCpu).reduce((sum, row) => sum + row.cpu_ms, 0);
+  const until = now() + maxMs;
+  let last = total();
+  while (now() < until) {
+    await sleep(stepMs);
+    const next = total();
+    if (next - last <= idleMs) return;
+    last = next;
+  }
+}
+
 /** Each worker's index by server and pid, as the servers' status replies list their workers. */
 async function workerIndexes(handle, clients) {
   const byServer = {};
@@ -345,10 +361,17 @@ async function main() {
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
     let commitByProcess;
-    // --profile-commit: every process (each worker too) profiled over the commit alone.
+    // --profile-commit: every process (each worker too) profiled over the commit. Started before
+    // it, and the commit waits until the servers are idle again: starting a profiler logs every
+    // compiled function of the process (up to ~1 s of a server at 2,000 rollouts, loaded), which had
+    // landed inside the timed commit. (The wait also lets idle work a prepare hurried finish
+    // before the commit: profile runs only.)
     const profiledInCommit = commitProfiles ? members : [];
-    const committed = await time('commit', async () => {
+    if (commitProfiles) {
       toggleProfilesOf(profiledInCommit);
+      await untilIdle(members);
+    }
+    const committed = await time('commit', async () => {
       const { value, spent, kernel, by_process } = await cpuDuring(members, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
