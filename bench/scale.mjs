@@ -38,7 +38,13 @@ import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
-import { cpuByServer, processLabel, sampleMembers, stackMembers } from './lib/processes.mjs';
+import {
+  cpuByServer,
+  processLabel,
+  sampleCpu,
+  sampleMembers,
+  stackMembers,
+} from './lib/processes.mjs';
 import { difference, episodeBody } from './lib/stack.mjs';
 
 const { values: flags } = parseArgs({
@@ -110,9 +116,10 @@ function bytesUnder(dir) {
  * kernel); `by_process` each process's samples before and after.
  */
 async function cpuDuring(members, fn) {
-  const before = sampleMembers(members);
+  // CPU only: counting descriptors here would put tens of ms of /proc listing into the timing.
+  const before = sampleMembers(members, sampleCpu);
   const value = await fn();
-  const after = sampleMembers(members);
+  const after = sampleMembers(members, sampleCpu);
   const [from, to] = [cpuByServer(before), cpuByServer(after)];
   return {
     value,
@@ -120,6 +127,22 @@ async function cpuDuring(members, fn) {
     kernel: difference(from.kernel, to.kernel),
     by_process: { before, after },
   };
+}
+
+/**
+ * Waits until `members` together spend at most `idleMs` of CPU in `stepMs` (what they burn holding
+ * every rollout with nothing to do is ~10-60 ms a second), or `maxMs` passed.
+ */
+async function untilIdle(members, { stepMs = 250, idleMs = 25, maxMs = 15_000 } = {}) {
+  const total = () => sampleMembers(members, sampleCpu).reduce((sum, row) => sum + row.cpu_ms, 0);
+  const until = now() + maxMs;
+  let last = total();
+  while (now() < until) {
+    await sleep(stepMs);
+    const next = total();
+    if (next - last <= idleMs) return;
+    last = next;
+  }
 }
 
 /** Each worker's index by server and pid, as the servers' status replies list their workers. */
@@ -157,6 +180,20 @@ function processTable(held, commit) {
     cpu_ms: Math.round(row.cpu_ms),
     commit_cpu_ms: spent.has(row.pid) ? Math.round(spent.get(row.pid)) : null,
   }));
+}
+
+/**
+ * The commit's wall time against its slowest participant's own total (`serverTimings`): what the
+ * controller's side, the request and reply, and the servers' wait for a core add around the work.
+ */
+function commitOverSlowest(commitS, timings) {
+  const totals = Object.entries(timings)
+    .map(([server, entries]) => [server, entries['committed scale-c1']?.total_ms])
+    .filter(([, ms]) => typeof ms === 'number')
+    .sort((a, b) => b[1] - a[1]);
+  if (totals.length === 0) return null;
+  const [server, total_ms] = totals[0];
+  return { slowest: server, total_ms, outside_ms: Math.round(commitS * 1000 - total_ms) };
 }
 
 /**
@@ -324,10 +361,17 @@ async function main() {
     const scope = envStatus.episodes.map(parseCaptureKey);
     const dir = join(runDir, 'checkpoints', 'scale-c1');
     let commitByProcess;
-    // --profile-commit: every process (each worker too) profiled over the commit alone.
+    // --profile-commit: every process (each worker too) profiled over the commit. Started before
+    // it, and the commit waits until the servers are idle again: starting a profiler logs every
+    // compiled function of the process (up to ~1 s of a server at 2,000 rollouts, loaded), which had
+    // landed inside the timed commit. (The wait also lets idle work a prepare hurried finish
+    // before the commit: profile runs only.)
     const profiledInCommit = commitProfiles ? members : [];
-    const committed = await time('commit', async () => {
+    if (commitProfiles) {
       toggleProfilesOf(profiledInCommit);
+      await untilIdle(members);
+    }
+    const committed = await time('commit', async () => {
       const { value, spent, kernel, by_process } = await cpuDuring(members, () =>
         commit(all, 'scale-c1', dir, scope, seconds(DEADLINE_S)),
       );
@@ -400,6 +444,7 @@ async function main() {
       const key = JSON.stringify(reason).slice(0, 160);
       failedReasons.set(key, (failedReasons.get(key) ?? 0) + 1);
     }
+    const serverTimingsMs = serverTimings(handle);
     const result = {
       scale: ROLLOUTS,
       policy_workers: POLICY_WORKERS,
@@ -416,7 +461,8 @@ async function main() {
       restored: restored.env?.restored?.length ?? 0,
       timings_s: timings,
       records_bytes: recordsBytes,
-      server_timings_ms: serverTimings(handle),
+      server_timings_ms: serverTimingsMs,
+      commit_over_slowest_participant: commitOverSlowest(timings.commit, serverTimingsMs),
       server_cpu_ms: cpuMs,
       processes_at_all_held: processes,
       restore_floor_ms: floors,
@@ -457,6 +503,13 @@ async function main() {
           `${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`,
         );
       }
+    }
+    const over = result.commit_over_slowest_participant;
+    if (over !== null) {
+      console.log(
+        `commit ${timings.commit} s: slowest participant ${over.slowest} ${over.total_ms} ms ` +
+          `by its own total, ${over.outside_ms} ms outside the participants' work`,
+      );
     }
     for (const [what, spent] of Object.entries(cpuMs)) {
       console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
