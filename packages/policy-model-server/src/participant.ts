@@ -108,17 +108,19 @@ function stampRowTexts(
   source: string,
 ): RowTexts {
   const stamp = `"capture_key":${encodeJson(source)}}`;
+  // The stamp's bytes, once per record: every row that gets it shares them.
+  const tail = Buffer.from(`,${stamp}`);
+  const alone = Buffer.from(stamp);
   return new RowTexts(
     rows.map((row, i) => {
       const text = texts[i]!;
-      if (row.failure_reason !== undefined) return text;
-      if (typeof row.capture_key === 'string' && row.capture_key !== '') return text;
+      if (row.failure_reason !== undefined) return [text];
+      if (typeof row.capture_key === 'string' && row.capture_key !== '') return [text];
       if (Object.hasOwn(row, 'capture_key')) {
-        return Buffer.from(encodeJson({ ...row, capture_key: source }));
+        return [Buffer.from(encodeJson({ ...row, capture_key: source }))];
       }
       const open = text.subarray(0, text.length - 1); // without its closing brace
-      const tail = Object.keys(row).length === 0 ? stamp : `,${stamp}`;
-      return Buffer.concat([open, Buffer.from(tail)]);
+      return [open, Object.keys(row).length === 0 ? alone : tail];
     }),
   );
 }
