@@ -27,9 +27,10 @@ RUN for p in core fake-inference resources-server policy-model-server agent-serv
 # --- runtime: production dependencies and the compiled output only, as a non-root user -----------
 FROM node:20-bookworm-slim AS runtime
 ENV NODE_ENV=production
-# The launcher's SERVER_NODE_FLAGS (a 64 MB young generation: faster commits at scale); in the
+# The launcher's SERVER_NODE_FLAGS (a 64 MB young generation: faster commits at scale; a 128 MB
+# initial old generation: a fresh process restores without full collections on the way); in the
 # environment, so the workers a server with num_workers forks (re-running the same bin) get it too.
-ENV NODE_OPTIONS=--max-semi-space-size=64
+ENV NODE_OPTIONS=--max-semi-space-size=64 --initial-old-space-size=128
 WORKDIR /app
 COPY package.json package-lock.json ./
 COPY packages/core/package.json packages/core/

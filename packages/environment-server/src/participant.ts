@@ -228,11 +228,14 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     });
   }
 
-  private track(key: string): void {
-    const { rollout_id } = parseCaptureKey(key);
-    const keys = this.keysByRollout.get(rollout_id) ?? new Set();
+  /** `key` is `rolloutId`'s episode's capture key: callers have both, parsing it back costs. */
+  private track(key: string, rolloutId: string): void {
+    let keys = this.keysByRollout.get(rolloutId);
+    if (keys === undefined) {
+      keys = new Set();
+      this.keysByRollout.set(rolloutId, keys);
+    }
     keys.add(key);
-    this.keysByRollout.set(rollout_id, keys);
   }
 
   /** Drops `key` from the index once neither the steps nor the restored records hold it. */
@@ -280,7 +283,7 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     } catch (err) {
       return Promise.reject(err as Error);
     }
-    this.track(key);
+    this.track(key, episode.rollout_id);
     return this.steps.run(
       key,
       {
@@ -408,8 +411,9 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     this.checkRestore();
     for (const record of records) {
       const replacement = nextAttempt(record.episode_id);
-      this.restored.set(captureKey(replacement), copyRecord(record, replacement));
-      this.track(captureKey(replacement));
+      const key = captureKey(replacement);
+      this.restored.set(key, copyRecord(record, replacement));
+      this.track(key, replacement.rollout_id);
     }
     this.awaitingResume = true;
     return Promise.resolve();
