@@ -6,7 +6,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 /** Clock ticks a second of /proc/<pid>/stat's times (USER_HZ, 100 on Linux). */
 const TICKS_PER_S = 100;
 
-/** The fields of /proc/<pid>/stat after `pid (comm) `: state is [0], ppid [1], pgrp [2], utime [11], stime [12]. */
+/**
+ * The fields of /proc/<pid>/stat after `pid (comm) `: state is [0], ppid [1], pgrp [2], minflt
+ * [7], majflt [9], utime [11], stime [12].
+ */
 function statFields(pid) {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   return stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
@@ -26,7 +29,10 @@ export function groupPids(pgid) {
   return pids.sort((a, b) => (a === pgid ? -1 : b === pgid ? 1 : a - b));
 }
 
-/** One process now: its open descriptors and CPU so far (user + system, and system alone), ms. */
+/**
+ * One process now: its open descriptors, CPU so far (user + system, and system alone), ms, and
+ * page faults so far (minor: first touch of memory; major: read from disk).
+ */
 export function sampleProcess(pid) {
   const fields = statFields(pid);
   const [user, system] = [Number(fields[11]), Number(fields[12])];
@@ -36,6 +42,8 @@ export function sampleProcess(pid) {
     fds: readdirSync(`/proc/${pid}/fd`).length,
     cpu_ms: ((user + system) * 1000) / TICKS_PER_S,
     kernel_ms: (system * 1000) / TICKS_PER_S,
+    minflt: Number(fields[7]),
+    majflt: Number(fields[9]),
   };
 }
 
