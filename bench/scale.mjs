@@ -167,18 +167,21 @@ async function workerIndexes(handle, clients) {
  * it spent during the commit (`commit`: cpuDuring's samples).
  */
 function processTable(held, commit) {
-  const spent = new Map(
-    commit.after.map((row) => [
-      row.pid,
-      row.cpu_ms - (commit.before.find((b) => b.pid === row.pid)?.cpu_ms ?? row.cpu_ms),
-    ]),
-  );
+  const change = (row, field) => {
+    const after = commit.after.find((a) => a.pid === row.pid);
+    const before = commit.before.find((b) => b.pid === row.pid);
+    return after && before ? Math.round(after[field] - before[field]) : null;
+  };
   return held.map((row) => ({
     process: processLabel(row),
     pid: row.pid,
     fds: row.fds,
     cpu_ms: Math.round(row.cpu_ms),
-    commit_cpu_ms: spent.has(row.pid) ? Math.round(spent.get(row.pid)) : null,
+    commit_cpu_ms: change(row, 'cpu_ms'),
+    // Kernel time and page faults in the commit: first touch of fresh memory shows here.
+    commit_kernel_ms: change(row, 'kernel_ms'),
+    commit_minflt: change(row, 'minflt'),
+    commit_majflt: change(row, 'majflt'),
   }));
 }
 
@@ -515,12 +518,15 @@ async function main() {
       console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
     }
     console.log(
-      '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)',
+      '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)' +
+        '  KERNEL IN COMMIT (ms)  FAULTS IN COMMIT (minor/major)',
     );
     for (const row of processes) {
       console.log(
         `${row.process.padEnd(30)} ${String(row.pid).padStart(7)} ${String(row.fds).padStart(7)}` +
-          `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}`,
+          `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}` +
+          `  ${String(row.commit_kernel_ms ?? '-').padStart(21)}` +
+          `  ${`${row.commit_minflt ?? '-'}/${row.commit_majflt ?? '-'}`.padStart(30)}`,
       );
     }
     console.log(

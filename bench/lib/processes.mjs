@@ -6,7 +6,10 @@ import { readdirSync, readFileSync } from 'node:fs';
 /** Clock ticks a second of /proc/<pid>/stat's times (USER_HZ, 100 on Linux). */
 const TICKS_PER_S = 100;
 
-/** The fields of /proc/<pid>/stat after `pid (comm) `: state is [0], ppid [1], pgrp [2], utime [11], stime [12]. */
+/**
+ * The fields of /proc/<pid>/stat after `pid (comm) `: state is [0], ppid [1], pgrp [2], minflt
+ * [7], majflt [9], utime [11], stime [12].
+ */
 function statFields(pid) {
   const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
   return stat.slice(stat.lastIndexOf(') ') + 2).split(' ');
@@ -27,8 +30,9 @@ export function groupPids(pgid) {
 }
 
 /**
- * One process's CPU so far (user + system, and system alone), ms: one read of its stat, cheap
- * enough to take around timed work.
+ * One process's CPU so far (user + system, and system alone), ms, and page faults so far (minor:
+ * first touch of memory; major: read from disk): one read of its stat, cheap enough to take around
+ * timed work.
  */
 export function sampleCpu(pid) {
   const fields = statFields(pid);
@@ -38,6 +42,8 @@ export function sampleCpu(pid) {
     ppid: Number(fields[1]),
     cpu_ms: ((user + system) * 1000) / TICKS_PER_S,
     kernel_ms: (system * 1000) / TICKS_PER_S,
+    minflt: Number(fields[7]),
+    majflt: Number(fields[9]),
   };
 }
 

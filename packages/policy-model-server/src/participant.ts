@@ -359,7 +359,7 @@ class HandedRecord implements ModelRecord {
   [field: string]: unknown;
   readonly [RECORD_FIELDS_JSON]: readonly (string | Uint8Array)[];
   readonly [ROW_STAGING_KEYS]: readonly string[];
-  readonly #texts: readonly Uint8Array[];
+  readonly #kept: KeptRows;
   #rows: JsonObject[] | undefined;
 
   constructor(
@@ -367,13 +367,13 @@ class HandedRecord implements ModelRecord {
     kept: KeptRows,
     readonly generation_cuts: JsonObject[],
   ) {
-    this.#texts = kept.texts;
+    this.#kept = kept;
     this[ROW_STAGING_KEYS] = kept.staging;
     this[RECORD_FIELDS_JSON] = ['"rows":[', ...kept.joined, cutsJson(generation_cuts)];
   }
 
   get rows(): JsonObject[] {
-    return (this.#rows ??= this.#texts.map((text) => decodeJson(utf8(text)) as JsonObject));
+    return (this.#rows ??= this.#kept.texts.map((text) => decodeJson(utf8(text)) as JsonObject));
   }
 }
 
@@ -382,7 +382,8 @@ function handedRecord(
   kept: KeptRows,
   cuts: JsonObject[],
 ): ModelRecord | undefined {
-  if (kept.texts.length === 0 && cuts.length === 0) return undefined;
+  // No piece joined: every row was left out (reading `texts` would make a view per row).
+  if (kept.joined.length === 0 && cuts.length === 0) return undefined;
   return new HandedRecord(episode, kept, cuts);
 }
 

@@ -160,6 +160,8 @@ export class HandedLedgers {
     const handed = this.#keys.get(key);
     if (handed === undefined) return undefined;
     const { index, bytes, row, count, start, end } = handed;
+    const ids = undelivered.size === 0 ? [] : index.ids.slice(row, row + count);
+    if (!ids.some((id) => undelivered.has(id))) return new WholeKey(handed);
     const texts: Uint8Array[] = [];
     const staging: string[] = [];
     let at = start;
@@ -179,6 +181,36 @@ export class HandedLedgers {
       ? texts.flatMap((text, i) => (i === 0 ? [text] : [',', text]))
       : [bytes.subarray(start, end)];
     return { texts, joined, staging };
+  }
+}
+
+/**
+ * A key none of whose rows is left out (the usual case): its rows are one view of the handed
+ * bytes, and each row's own view is made only if something reads the rows (a commit does not).
+ */
+class WholeKey implements KeptRows {
+  readonly joined: Uint8Array[];
+  readonly staging: string[];
+  readonly #handed: HandedKey;
+
+  constructor(handed: HandedKey) {
+    const { index, bytes, row, count, start, end } = handed;
+    this.#handed = handed;
+    this.joined = [bytes.subarray(start, end)];
+    this.staging = index.staging
+      .slice(row, row + count)
+      .filter((key): key is string => typeof key === 'string');
+  }
+
+  get texts(): Uint8Array[] {
+    const { index, bytes, row, count, start } = this.#handed;
+    const texts: Uint8Array[] = [];
+    let at = start;
+    for (let i = row; i < row + count; i++) {
+      texts.push(bytes.subarray(at, at + index.lengths[i]!));
+      at += index.lengths[i]! + 1;
+    }
+    return texts;
   }
 }
 

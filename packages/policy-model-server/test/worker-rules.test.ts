@@ -170,6 +170,16 @@ describe("a worker's handed ledgers", () => {
     expect(handed.kept('t-a1', new Set())).toBeUndefined();
   });
 
+  it("a key none of whose rows is left out is one view of the bytes, and still gives each row's text", () => {
+    const { index, bytes } = handLedgers(appended);
+    const handed = new HandedLedgers();
+    handed.add(index, bytes);
+    const all = handed.kept('r-a1', new Set(['c4']))!;
+    expect(all.joined).toHaveLength(1);
+    expect(all.texts.map((t) => text([t]))).toEqual(appended[0]!.lines);
+    expect(all.staging).toEqual(['s1', 's2']);
+  });
+
   it('an index that does not match its bytes fails the export', () => {
     const { index, bytes } = handLedgers(appended);
     const broken = [

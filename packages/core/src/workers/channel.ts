@@ -18,7 +18,7 @@ import {
 } from '../errors.js';
 import type { JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
-import { encodeFrame, FrameError, FrameReader, WithBytes } from './frames.js';
+import { encodeFrame, FrameError, FrameReader, framePieces, WithBytes } from './frames.js';
 import type {
   ChannelError,
   ChannelHandler,
@@ -208,13 +208,13 @@ export class Channel {
   /** Writes the reply, or a typed error when it cannot be framed. Each frame is written whole. */
   #reply(request: ChannelRequest, reply: ChannelReply): void {
     if (this.#closed) return;
-    let frame: Buffer;
+    let pieces: Uint8Array[];
     try {
       const answer = reply.ok ? reply.body : undefined;
-      frame =
+      pieces =
         answer instanceof WithBytes
-          ? encodeFrame({ ...reply, body: answer.body }, this.#options.maxFrameBytes, answer.bytes)
-          : encodeFrame(reply, this.#options.maxFrameBytes);
+          ? framePieces({ ...reply, body: answer.body }, this.#options.maxFrameBytes, answer.bytes)
+          : [encodeFrame(reply, this.#options.maxFrameBytes)];
     } catch (err) {
       this.#options.logger?.error('checkpoint reply cannot be framed', {
         kind: request.kind,
@@ -225,9 +225,12 @@ export class Channel {
           `the reply to ${request.kind} cannot be framed: ${describeThrow(err)}`,
         ),
       );
-      frame = encodeFrame({ reply_to: request.id, ok: false, error } satisfies ChannelReply);
+      pieces = [encodeFrame({ reply_to: request.id, ok: false, error } satisfies ChannelReply)];
     }
-    this.#socket.write(frame);
+    // One gathered write (writev): the pieces go out together, none copied into one frame.
+    this.#socket.cork();
+    for (const piece of pieces) this.#socket.write(piece);
+    this.#socket.uncork();
   }
 
   #onClose(): void {

@@ -41,20 +41,32 @@ export function encodeFrame(
   maxBytes = MAX_FRAME_BYTES,
   bytes?: Uint8Array,
 ): Buffer {
+  return Buffer.concat(framePieces(message, maxBytes, bytes));
+}
+
+/**
+ * `encodeFrame`'s frame as the pieces it is made of, for one gathered write: `bytes` (a worker's
+ * ledger lines, MBs at a large commit) are not copied into a fresh frame.
+ */
+export function framePieces(
+  message: unknown,
+  maxBytes = MAX_FRAME_BYTES,
+  bytes?: Uint8Array,
+): Uint8Array[] {
   const data = Buffer.from(encodeJson(message), 'utf8');
   const size = bytes === undefined ? data.length : PREFIX_BYTES + data.length + bytes.length;
   if (size > maxBytes) {
     throw new FrameError(`a message of ${size} bytes exceeds the frame limit of ${maxBytes}`);
   }
-  const prefix = Buffer.allocUnsafe(PREFIX_BYTES);
   if (bytes === undefined) {
+    const prefix = Buffer.allocUnsafe(PREFIX_BYTES);
     prefix.writeUInt32BE(data.length, 0);
-    return Buffer.concat([prefix, data]);
+    return [prefix, data];
   }
-  prefix.writeUInt32BE((size | WITH_BYTES_FLAG) >>> 0, 0);
-  const jsonLength = Buffer.allocUnsafe(PREFIX_BYTES);
-  jsonLength.writeUInt32BE(data.length, 0);
-  return Buffer.concat([prefix, jsonLength, data, bytes]);
+  const prefixes = Buffer.allocUnsafe(2 * PREFIX_BYTES);
+  prefixes.writeUInt32BE((size | WITH_BYTES_FLAG) >>> 0, 0);
+  prefixes.writeUInt32BE(data.length, PREFIX_BYTES);
+  return bytes.length === 0 ? [prefixes, data] : [prefixes, data, bytes];
 }
 
 /** Reads frames out of a byte stream, chunk by chunk. */

@@ -48,3 +48,8 @@ export function readinessOf(merged: PrepareReport, workers: WorkersState): Prepa
 export function replyTimeoutMs(deadlineTs: number, nowMs: number): number {
   return Math.max(0, deadlineTs * 1000 - nowMs) + REPLY_GRACE_MS;
 }
+
+/** The pause before sending a failed report again: doubling from 50 ms, at most 1 s. */
+export function reportRetryDelayMs(failures: number): number {
+  return Math.min(1000, 50 * 2 ** Math.max(0, failures - 1));
+}

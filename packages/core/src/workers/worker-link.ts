@@ -16,7 +16,7 @@ import type { MetricsJson } from '../telemetry/metrics.js';
 import { Channel } from './channel.js';
 import type { WithBytes } from './frames.js';
 import type { ForwardedControl } from './coordinator-server.js';
-import { replyTimeoutMs } from './rules.js';
+import { replyTimeoutMs, reportRetryDelayMs } from './rules.js';
 import {
   type JoinState,
   MESSAGE_TIMEOUT_MS,
@@ -226,26 +226,47 @@ export class WorkerLink {
 
   /** While admission is closed, reports after every change, coalescing bursts into one message. */
   #changed(): void {
-    if (this.#side!.gate.isOpen || !this.#channel || this.#channel.closed) return;
+    if (!this.#reporting()) return;
     this.#reportPending = true;
     if (!this.#reportRunning) void this.#sendReports();
   }
 
+  /** Reports are due while admission is closed and the link is up. */
+  #reporting(): boolean {
+    return !this.#side!.gate.isOpen && !this.#stopping && !!this.#channel && !this.#channel.closed;
+  }
+
+  /**
+   * Sends the newest report until one is delivered. A failed push is sent again (newest state,
+   * after a pause): the coordinator keeps no other copy, so a lost one would leave this worker
+   * unreported, or reported busy, for the rest of the checkpoint.
+   */
   async #sendReports(): Promise<void> {
     this.#reportRunning = true;
+    let failures = 0;
     try {
-      while (this.#reportPending && !this.#side!.gate.isOpen && this.#channel) {
+      while (this.#reportPending && this.#reporting()) {
         this.#reportPending = false;
         const generation = this.#generation;
-        const numbered = this.#numbered();
-        await this.#channel.call('report', { generation, ...numbered });
+        try {
+          await this.#channel!.call('report', { generation, ...this.#numbered() });
+          failures = 0;
+        } catch (err) {
+          if (failures === 0) this.#reportFailed(err);
+          failures += 1;
+          this.#reportPending = true;
+          await new Promise((resolve) => setTimeout(resolve, reportRetryDelayMs(failures)));
+        }
       }
-    } catch (err) {
-      this.#options.logger.warn(`could not report to the ${this.#label} checkpoint coordinator`, {
-        error: isCkptGymError(err) ? err.message : String(err),
-      });
     } finally {
       this.#reportRunning = false;
     }
+  }
+
+  #reportFailed(err: unknown): void {
+    this.#options.logger.warn(
+      `could not report to the ${this.#label} checkpoint coordinator; sending it again`,
+      { error: isCkptGymError(err) ? err.message : String(err) },
+    );
   }
 }

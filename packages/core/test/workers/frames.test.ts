@@ -1,5 +1,6 @@
 import {
   encodeFrame,
+  framePieces,
   FrameError,
   FrameReader,
   MAX_FRAME_BYTES,
@@ -56,6 +57,15 @@ describe('worker channel frames', () => {
     atLimit.writeUInt32BE(MAX_FRAME_BYTES, 0);
     // At the limit it is a (long) frame still being read, not an error.
     expect(new FrameReader().push(atLimit)).toEqual([]);
+  });
+
+  test('a frame with bytes is written as pieces: the bytes themselves, not a copy in a fresh frame', () => {
+    const bytes = Buffer.from('x'.repeat(1000));
+    const pieces = framePieces(FAITHFUL, MAX_FRAME_BYTES, bytes);
+    expect(pieces[pieces.length - 1]).toBe(bytes);
+    expect(Buffer.concat(pieces)).toEqual(encodeFrame(FAITHFUL, MAX_FRAME_BYTES, bytes));
+    expect(new FrameReader().push(Buffer.concat(pieces))).toEqual([new WithBytes(FAITHFUL, bytes)]);
+    expect(() => framePieces({ a: 1 }, 50, Buffer.alloc(100))).toThrow(FrameError);
   });
 
   test('a message longer than the limit cannot be framed', () => {
