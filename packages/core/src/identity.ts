@@ -69,6 +69,11 @@ function attemptProblem(attempt: unknown): string | undefined {
   return undefined;
 }
 
+/** True when `rolloutId` can name a rollout (as `episodeId` accepts it), without building one. */
+export function isRolloutId(rolloutId: string): boolean {
+  return rolloutIdProblem(rolloutId) === undefined;
+}
+
 /** Builds a validated episode id; a bad rollout id or attempt is 400 `invalid_rollout_id`. */
 export function episodeId(rolloutId: string, attempt = 0): EpisodeId {
   const problem = rolloutIdProblem(rolloutId) ?? attemptProblem(attempt);

@@ -7,6 +7,7 @@ import {
   episodeFromRunBody,
   episodeId,
   episodeIdFromJson,
+  isRolloutId,
   MAX_ATTEMPT,
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
@@ -38,6 +39,38 @@ describe('capture keys', () => {
 
   test('a rollout id may not end with the reserved suffix', () => {
     expect(() => episodeId('x-a1', 0)).toThrow(/reserved attempt suffix/);
+  });
+
+  test('isRolloutId accepts exactly the rollout ids episodeId accepts', () => {
+    const accepts = (id: string) => {
+      try {
+        episodeId(id, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    const fixed = [
+      'r1',
+      'a.b_c-d',
+      'x-a0',
+      'x-a01',
+      'x-a1',
+      '',
+      '-x',
+      'a b',
+      'r'.repeat(MAX_ROLLOUT_ID_LENGTH),
+    ];
+    for (const id of [...fixed, `${fixed.at(-1)}r`]) expect(isRolloutId(id)).toBe(accepts(id));
+    expect(isRolloutId('x-a1')).toBe(false);
+    fc.assert(
+      fc.property(
+        fc.string({ unit: fc.constantFrom('a', 'Z', '0', '-', '.', '_', ' ', '1') }),
+        (id) => {
+          expect(isRolloutId(id)).toBe(accepts(id));
+        },
+      ),
+    );
   });
 
   test('a rollout id is at most MAX_ROLLOUT_ID_LENGTH characters, so its capture keys fit a file name with a suffix', () => {

@@ -8,8 +8,8 @@ import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
 import { InvalidRequestError } from '../errors.js';
 import {
   type EpisodeId,
-  episodeId,
   isCaptureKey,
+  isRolloutId,
   MAX_ATTEMPT,
   ROLLOUT_ID_PATTERN,
 } from '../identity.js';
@@ -76,15 +76,6 @@ const FORMAT_REASONS: Record<string, string> = {
   'capture-key': CAPTURE_KEY_REASON,
   path: 'must not contain a NUL byte',
 };
-
-function isRolloutId(value: string): boolean {
-  try {
-    episodeId(value, 0);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 const ajv = new Ajv({ allErrors: false, useDefaults: true, strict: true, allowUnionTypes: true });
 ajv.addFormat('rollout-id', { type: 'string', validate: isRolloutId });
