@@ -159,29 +159,31 @@ export class HandedLedgers {
   kept(key: string, undelivered: ReadonlySet<string>): KeptRows | undefined {
     const handed = this.#keys.get(key);
     if (handed === undefined) return undefined;
-    const { index, bytes, row, count, start, end } = handed;
+    const { index, row, count } = handed;
     const ids = undelivered.size === 0 ? [] : index.ids.slice(row, row + count);
     if (!ids.some((id) => undelivered.has(id))) return new WholeKey(handed);
     const texts: Uint8Array[] = [];
     const staging: string[] = [];
-    let at = start;
-    let dropped = false;
-    for (let i = row; i < row + count; i++) {
-      const text = bytes.subarray(at, at + index.lengths[i]!);
-      at += text.length + 1;
-      if (undelivered.has(index.ids[i]!)) {
-        dropped = true;
-        continue;
-      }
+    for (const [n, text] of rowTexts(handed).entries()) {
+      if (undelivered.has(index.ids[row + n]!)) continue;
       texts.push(text);
-      const stagingKey = index.staging[i];
+      const stagingKey = index.staging[row + n];
       if (typeof stagingKey === 'string') staging.push(stagingKey);
     }
-    const joined = dropped
-      ? texts.flatMap((text, i) => (i === 0 ? [text] : [',', text]))
-      : [bytes.subarray(start, end)];
+    const joined = texts.flatMap((text, i) => (i === 0 ? [text] : [',', text]));
     return { texts, joined, staging };
   }
+}
+
+/** Each row's text of a handed key, as views of the handed bytes. */
+function rowTexts({ index, bytes, row, count, start }: HandedKey): Uint8Array[] {
+  const texts: Uint8Array[] = [];
+  let at = start;
+  for (let i = row; i < row + count; i++) {
+    texts.push(bytes.subarray(at, at + index.lengths[i]!));
+    at += index.lengths[i]! + 1;
+  }
+  return texts;
 }
 
 /**
@@ -203,14 +205,7 @@ class WholeKey implements KeptRows {
   }
 
   get texts(): Uint8Array[] {
-    const { index, bytes, row, count, start } = this.#handed;
-    const texts: Uint8Array[] = [];
-    let at = start;
-    for (let i = row; i < row + count; i++) {
-      texts.push(bytes.subarray(at, at + index.lengths[i]!));
-      at += index.lengths[i]! + 1;
-    }
-    return texts;
+    return rowTexts(this.#handed);
   }
 }
 
