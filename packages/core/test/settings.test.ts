@@ -519,22 +519,30 @@ describe('checkpointing limits', () => {
     expect(serverSettings(settings, 'policy').numWorkers).toBe(2);
   });
 
-  it('refuses num_workers > 1 with checkpointing on for agent, environment and resources servers', () => {
+  it('refuses num_workers > 1 with checkpointing on for agent and resources servers', () => {
     const servers = [
       MODEL,
       'weather: { kind: resources, app: weather, port: 8102, num_workers: 2 }',
       'agent: { kind: agent, app: simple, port: 8103, model_server: policy, num_workers: 3 }',
-      'env: { kind: environment, app: counter, port: 8104, agent_server: agent, num_workers: 4 }',
     ];
     const err = refusal(stack({ top: CHECKPOINT_ON, servers }));
     const why =
-      "each worker would hold part of its episodes, and only a model server's workers are " +
-      'coordinated into one participant so far';
+      "each worker would hold part of its sessions, and only a model or environment server's " +
+      'workers are coordinated into one participant so far';
     expect(err.message.split('\n')).toEqual([
       `${SOURCE}: servers.weather.num_workers: checkpointing requires num_workers: 1 on a resources server (got 2): ${why}`,
       `${SOURCE}: servers.agent.num_workers: checkpointing requires num_workers: 1 on an agent server (got 3): ${why}`,
-      `${SOURCE}: servers.env.num_workers: checkpointing requires num_workers: 1 on an environment server (got 4): ${why}`,
     ]);
+  });
+
+  it('allows an environment server several workers with checkpointing on (they are coordinated)', () => {
+    const servers = [
+      MODEL,
+      'agent: { kind: agent, app: simple, port: 8103, model_server: policy }',
+      'env: { kind: environment, app: counter, port: 8104, agent_server: agent, num_workers: 4 }',
+    ];
+    const settings = parse(stack({ top: CHECKPOINT_ON, servers }));
+    expect(serverSettings(settings, 'env').numWorkers).toBe(4);
   });
 
   it('allows num_workers > 1 with checkpointing off', () => {
@@ -566,8 +574,8 @@ describe('checkpointing limits', () => {
 
   it('reports every problem of a file at once', () => {
     const agent = 'agent: { kind: agent, app: simple, port: 8104, num_workers: 3 }';
-    const env = 'env: { kind: environment, app: counter, port: 8105, num_workers: 2 }';
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, env, mcp] }));
+    const tools = 'tools: { kind: resources, app: weather, port: 8105, num_workers: 2 }';
+    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, tools, mcp] }));
     expect(err.message.split('\n')).toHaveLength(2);
   });
 });

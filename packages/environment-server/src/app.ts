@@ -5,7 +5,6 @@
  * classification, then final cleanup (LIFO, never interrupted by a retire) before the reply.
  */
 import {
-  ConfigError,
   DeadlineExceededError,
   encodeJson,
   type EpisodeRequest,
@@ -23,6 +22,8 @@ import {
   type GymRoute,
   type Logger,
   mountRoutes,
+  ParticipantWorker,
+  type WorkerLink,
 } from '@ckpt-gym/core/server';
 import type { Express, Response } from 'express';
 
@@ -191,8 +192,11 @@ export interface EnvironmentServerOptions {
   protocol: EnvironmentProtocol;
   /** Undefined: checkpointing off (no participant, no control routes). */
   checkpoint?: CheckpointSettings;
-  /** Episodes live in one process: more than one worker with checkpointing on fails here. */
-  numWorkers?: number;
+  /**
+   * In a worker of a server with several workers: its link to the coordinator. The participant
+   * then runs this worker's episodes only, and the control routes forward to the coordinator.
+   */
+  link?: WorkerLink | undefined;
   queue?: QueueOptions;
   episodeDeadlineSeconds?: number | null;
   cleanupTimeoutSeconds?: number;
@@ -207,22 +211,24 @@ export interface EnvironmentServer {
   readonly participant: EnvironmentParticipant | undefined;
   readonly plane: GymApp<EnvironmentRecord>['plane'];
   readonly runner: EpisodeRunner;
+  /** In a worker of a server with several workers: its share of the participant, to attach. */
+  readonly worker: ParticipantWorker<EnvironmentRecord> | undefined;
 }
 
 export function createEnvironmentServer(options: EnvironmentServerOptions): EnvironmentServer {
-  if (options.checkpoint && (options.numWorkers ?? 1) !== 1) {
-    throw new ConfigError(
-      `server ${options.name}: environment checkpointing requires num_workers=1: episodes live in one process (got ${options.numWorkers})`,
-    );
-  }
+  const { link } = options;
   const participant = options.checkpoint ? new EnvironmentParticipant(options.name) : undefined;
   const gym = createGymApp<EnvironmentRecord>({
     name: options.name,
     kind: 'environment',
     checkpoint: options.checkpoint,
-    ...(participant ? { participant } : {}),
+    ...(participant && !link ? { participant } : {}),
+    ...(participant && link ? { control: link.controlTarget() } : {}),
     ...(options.logger ? { logger: options.logger } : {}),
   });
+  const worker =
+    participant && link ? new ParticipantWorker(participant, link, gym.logger) : undefined;
+  if (participant && worker) participant.claims = worker;
   const runner = new EpisodeRunner({
     protocol: options.protocol,
     ...(participant ? { participant } : {}),
@@ -233,7 +239,7 @@ export function createEnvironmentServer(options: EnvironmentServerOptions): Envi
   });
   mountRoutes(gym.app, environmentRoutes(runner, options));
   gym.finish();
-  return { app: gym.app, logger: gym.logger, participant, plane: gym.plane, runner };
+  return { app: gym.app, logger: gym.logger, participant, plane: gym.plane, runner, worker };
 }
 
 /** Answers a reply object as faithful JSON (big integers and the like kept as sent). */

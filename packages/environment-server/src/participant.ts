@@ -33,6 +33,7 @@ import {
   prepareReport,
   type RawRecord,
   RECORD_FIELDS_JSON,
+  type RestoredClaims,
 } from '@ckpt-gym/core/server';
 
 export interface EnvironmentRecord extends CheckpointRecord {
@@ -217,6 +218,11 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
   private carriedRestarts: ReadonlySet<string> = new Set();
   /** Tracked keys (live or restored) by rollout id: a retire looks up its rollout's keys only. */
   private readonly keysByRollout = new Map<string, Set<string>>();
+  /**
+   * On a worker of a server with several workers: the restored records its coordinator holds. A
+   * replacement claims its record there before it runs (`ParticipantWorker`).
+   */
+  claims: RestoredClaims<EnvironmentRecord> | undefined;
 
   constructor(instance: string) {
     super('environment', instance);
@@ -265,6 +271,18 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
     work: (ep: EpisodeContext) => Promise<T>,
   ): Promise<T> {
     const key = captureKey(episode);
+    if (this.claims?.holds(key)) return this.claimThenRun(episode, key, task, options, work);
+    return this.runHere(episode, key, task, options, work);
+  }
+
+  /** `run` once any restored record of the episode is this process's. */
+  private runHere<T>(
+    episode: EpisodeId,
+    key: string,
+    task: JsonObject,
+    options: EpisodeRunOptions,
+    work: (ep: EpisodeContext) => Promise<T>,
+  ): Promise<T> {
     const digest = taskDigest(task);
     const restored = this.restored.get(key);
     const refusal = episodeRunAdmission({
@@ -302,6 +320,39 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
         }
       },
     );
+  }
+
+  /**
+   * A replacement whose restored record its worker's coordinator holds: refused as any request is
+   * for a retired or running attempt before it claims (a refused request claims nothing), then it
+   * claims the record and runs with it. Another worker's claim won: the attempt runs there, and
+   * this one is refused as a second request for a running attempt is in one process.
+   */
+  private async claimThenRun<T>(
+    episode: EpisodeId,
+    key: string,
+    task: JsonObject,
+    options: EpisodeRunOptions,
+    work: (ep: EpisodeContext) => Promise<T>,
+  ): Promise<T> {
+    const refusal = episodeRunAdmission({
+      episode,
+      key,
+      open: true,
+      retired: this.marks.isRetired(episode),
+      restored: undefined,
+      awaitingResume: false,
+      running: this.steps.has(key),
+    });
+    if (refusal) throw refusal;
+    const record = await this.claims!.claim(key);
+    if (record === null) {
+      throw new CheckpointError(
+        `episode ${key} is already running: another worker claimed its restored record`,
+      );
+    }
+    this.holdRestored(record);
+    return this.runHere(episode, key, task, options, work);
   }
 
   closeAdmission(request: AdmissionRequest): Promise<void> {
@@ -409,14 +460,17 @@ export class EnvironmentParticipant extends BaseParticipant<EnvironmentRecord> {
 
   install(records: EnvironmentRecord[]): Promise<void> {
     this.checkRestore();
-    for (const record of records) {
-      const replacement = nextAttempt(record.episode_id);
-      const key = captureKey(replacement);
-      this.restored.set(key, copyRecord(record, replacement));
-      this.track(key, replacement.rollout_id);
-    }
+    for (const record of records) this.holdRestored(record);
     this.awaitingResume = true;
     return Promise.resolve();
+  }
+
+  /** Keeps a restored record (naming the attempt it replaces) under its replacement attempt. */
+  private holdRestored(record: EnvironmentRecord): void {
+    const replacement = nextAttempt(record.episode_id);
+    const key = captureKey(replacement);
+    this.restored.set(key, copyRecord(record, replacement));
+    this.track(key, replacement.rollout_id);
   }
 
   restoredPending(): EpisodeId[] {

@@ -9,6 +9,7 @@ import {
   serverSettings,
   serverUrl,
   type StackSettings,
+  type WorkerLink,
 } from '@ckpt-gym/core/server';
 
 import { createEnvironmentServer, type EnvironmentServer } from './app.js';
@@ -25,7 +26,7 @@ export interface StackEnvironmentServer {
 export function environmentServerFromStack(
   stack: StackSettings,
   name: string,
-  options: { logger?: Logger } = {},
+  options: { logger?: Logger; link?: WorkerLink | undefined } = {},
 ): StackEnvironmentServer {
   const settings = serverSettings(stack, name);
   if (settings.kind !== 'environment') {
@@ -50,7 +51,7 @@ export function environmentServerFromStack(
     name,
     protocol,
     ...(stack.checkpoint ? { checkpoint: stack.checkpoint } : {}),
-    numWorkers: settings.numWorkers,
+    link: options.link,
     ...(config.queue ? { queue: config.queue } : {}),
     episodeDeadlineSeconds: config.episodeDeadlineSeconds,
     cleanupTimeoutSeconds: config.cleanupTimeoutSeconds,

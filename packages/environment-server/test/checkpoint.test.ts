@@ -18,7 +18,7 @@ import {
 } from '@ckpt-gym/testing';
 import { jest } from '@jest/globals';
 
-import { EnvironmentParticipant } from '../src/participant.js';
+import { EnvironmentParticipant, type EnvironmentRecord, taskDigest } from '../src/participant.js';
 import type { EnvironmentProtocol } from '../src/protocol.js';
 import { Harness, type HarnessOptions, runBody } from './support/harness.js';
 
@@ -687,5 +687,58 @@ describe('readiness', () => {
     expect(blockers).not.toHaveBeenCalled();
     expect(readiness).not.toHaveBeenCalled();
     expect(x.env.participant!.ready()).toBe(steps.blockerCount() === 0);
+  });
+});
+
+describe('on a worker of several: restored episodes claimed from the coordinator', () => {
+  const task = { task_id: 't1' };
+  const held = {
+    episode_id: R1,
+    task_digest: taskDigest(task),
+    boundary: { turn: 3 },
+  };
+
+  /** A participant whose coordinator holds `record` (or lost it to another worker: null). */
+  function onWorker(record: EnvironmentRecord | null) {
+    const participant = new EnvironmentParticipant('env');
+    const claimed: string[] = [];
+    participant.claims = {
+      holds: (key) => key === 'r1-a1',
+      claim: (key) => {
+        claimed.push(key);
+        return Promise.resolve(record);
+      },
+    };
+    return { participant, claimed };
+  }
+
+  const continuation = (participant: EnvironmentParticipant, episode = R1_A1) =>
+    participant.run(episode, task, {}, (ep) => Promise.resolve(ep.continuation()));
+
+  it('a replacement claims its restored record, then continues from its boundary', async () => {
+    const { participant, claimed } = onWorker(held);
+    expect(await continuation(participant)).toEqual({ turn: 3 });
+    expect(claimed).toEqual(['r1-a1']);
+    expect(participant.restoredPending()).toEqual([]);
+  });
+
+  it("another worker's claim won: the replacement is refused as a second run of a running attempt", async () => {
+    const { participant, claimed } = onWorker(null);
+    await expect(continuation(participant)).rejects.toMatchObject({ code: 'checkpoint_error' });
+    expect(claimed).toEqual(['r1-a1']);
+    expect(participant.steps.size).toBe(0);
+  });
+
+  it('a retired replacement is refused before it claims anything', async () => {
+    const { participant, claimed } = onWorker(held);
+    participant.marks.mark([R1_A1]);
+    await expect(continuation(participant)).rejects.toMatchObject({ code: 'stale_attempt' });
+    expect(claimed).toEqual([]);
+  });
+
+  it('an episode whose key the coordinator does not hold costs no claim', async () => {
+    const { participant, claimed } = onWorker(held);
+    expect(await continuation(participant, { rollout_id: 'r2', attempt: 1 })).toBeNull();
+    expect(claimed).toEqual([]);
   });
 });

@@ -347,23 +347,3 @@ describe('boundaries with checkpointing off', () => {
     expect((await run).body.result).toEqual({ reward: 1 });
   });
 });
-
-describe('startup', () => {
-  it('refuses num_workers > 1 with checkpointing on', async () => {
-    const { createEnvironmentServer } = await import('../src/app.js');
-    const protocol = countless();
-    expect(() =>
-      createEnvironmentServer({
-        name: 'env',
-        protocol,
-        checkpoint: { enabled: true, controlAuthToken: 't', leaseGraceSeconds: 600 },
-        numWorkers: 2,
-      }),
-    ).toThrow(/num_workers=1/);
-    expect(() => createEnvironmentServer({ name: 'env', protocol, numWorkers: 2 })).not.toThrow();
-  });
-});
-
-function countless(): EnvironmentProtocol {
-  return { checkpointBoundaries: true, run: async () => ({}) };
-}

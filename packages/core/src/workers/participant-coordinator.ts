@@ -26,7 +26,12 @@ import {
 } from './coordinator.js';
 import { HeldRecords } from './held.js';
 import { checkExportAnswers, mergeReadiness, mergeStatuses, replyTimeoutMs } from './rules.js';
-import { MESSAGE_TIMEOUT_MS, type WorkerInfo, type WorkerReport } from './types.js';
+import {
+  MESSAGE_TIMEOUT_MS,
+  type WorkerInfo,
+  type WorkerReport,
+  type WorkerStatus,
+} from './types.js';
 
 /** The kind messages between a `ParticipantWorker` and its `ParticipantCoordinator`. */
 export const PARTICIPANT_MESSAGES = {
@@ -236,17 +241,24 @@ export class ParticipantCoordinator<
 
   /**
    * The workers' participants' status as their ready reports gave it (lists unioned, numbers
-   * summed: an environment's `episodes`, read after a successful prepare), the layer's, and the
-   * restored attempts pending here and on the workers (`restored_pending`) with the held count.
+   * summed: an environment's `episodes`, read after a successful prepare), the layer's with each
+   * worker's counts while a checkpoint is open, and the restored attempts pending here and on the
+   * workers (`restored_pending`) with the held count.
    */
   override statusExtra(): Record<string, unknown> {
-    const statuses = this.workers().flatMap((w) => {
-      const status = w.report && workerReportOf(w.report).status;
-      return status ? [status] : [];
+    const base = super.statusExtra();
+    const reports = new Map(
+      this.workers().map((w) => [w.index, w.report && workerReportOf(w.report)]),
+    );
+    const statuses = [...reports.values()].flatMap((r) => (r?.status ? [r.status] : []));
+    const workers = (base.workers as WorkerStatus[]).map((w) => {
+      const report = reports.get(w.index);
+      return report ? { ...w, counts: report.readiness.counts } : w;
     });
     return {
       ...mergeStatuses(statuses),
-      ...super.statusExtra(),
+      ...base,
+      workers,
       restored_pending: this.restoredPending().map(captureKey).sort(),
       restored_held: this.#held.size,
     };

@@ -90,6 +90,11 @@ describe('participant workers: readiness', () => {
     one.participant.setState('a', 'parked');
     const second = await p.plane.prepare({ checkpoint_id: 'c1', ...deadline() });
     expect(second.phase).toBe('prepared');
+    // Each worker's own counts, while the checkpoint is open.
+    expect((p.plane.status().workers as { counts?: unknown }[]).map((w) => w.counts)).toEqual([
+      { episodes: 1 },
+      { episodes: 1 },
+    ]);
   });
 });
 
