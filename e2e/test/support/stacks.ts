@@ -19,6 +19,8 @@ export interface StackOptions {
   generationCuts?: boolean;
   /** The policy model's `num_workers` (one process, no coordinator, unless above 1). */
   policyWorkers?: number;
+  /** The environment servers' `num_workers` (one process, no coordinator, unless above 1). */
+  envWorkers?: number;
   /**
    * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
    * and Simple Agent takes them over MCP (`direct_http` by default).
@@ -85,6 +87,7 @@ function environment(
     port: 0,
     agent_server: agent,
     resources_server: resources,
+    ...(options.envWorkers === undefined ? {} : { num_workers: options.envWorkers }),
   });
   // A list, which `server` does not write.
   return options.tools === 'mcp'
