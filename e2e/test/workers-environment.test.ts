@@ -10,6 +10,7 @@ import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { childPids } from './support/processes.js';
+import { replacementsContinue } from './support/replacements.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -57,19 +58,7 @@ scenario(
       rollouts.map((r) => `${r}-a1`).sort(),
     );
 
-    const replies = await Promise.all(
-      rollouts.map((r) => dep.post('env', '/run', weatherEpisode(r, 1)).reply),
-    );
-    for (const reply of replies) {
-      expect(reply.status).toBe(200);
-      expect(reply.body.result).toMatchObject({ reward: 1 });
-    }
-    // Each replacement continues from its boundary: one call, with the whole history.
-    const calls = await dep.calls();
-    for (const r of rollouts) {
-      const replacement = calls.filter((c) => c.capture_key === `${r}-a1`);
-      expect(replacement.map((c) => c.n_messages)).toEqual([4]);
-    }
+    await replacementsContinue(dep, rollouts);
     await forget(dep.participants(), 'forget-envw', rollouts, deadline(30));
     expect(tracked(await dep.statuses())).toEqual({});
   },

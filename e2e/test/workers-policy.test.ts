@@ -12,6 +12,7 @@ import { deadline, ep, tracked, until } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';
 import { childPids } from './support/processes.js';
+import { replacementsContinue } from './support/replacements.js';
 import { weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
@@ -71,19 +72,7 @@ scenario(
     expect(restored.env?.restored).toEqual(rollouts.map((r) => `${r}-a1`).sort());
     expect(await childPids(dep.server('policy').pid)).toHaveLength(WORKERS);
 
-    const replies = await Promise.all(
-      rollouts.map((r) => dep.post('env', '/run', weatherEpisode(r, 1)).reply),
-    );
-    for (const reply of replies) {
-      expect(reply.status).toBe(200);
-      expect(reply.body.result).toMatchObject({ reward: 1 });
-    }
-    // Each replacement makes exactly one call, with the whole history: no delivered call repeats.
-    const calls = await dep.calls();
-    for (const r of rollouts) {
-      const replacement = calls.filter((c) => c.capture_key === `${r}-a1`);
-      expect(replacement.map((c) => c.n_messages)).toEqual([4]);
-    }
+    await replacementsContinue(dep, rollouts);
     expect(await trackedAfterForget(dep, rollouts)).toEqual({});
   },
   240_000,
