@@ -15,7 +15,8 @@
 // DIR: the restored processes are new ones, with pids of their own). `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
 // per-stage times and every process's descriptors and CPU (each worker beside the other
 // processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
-// or --out).
+// or --out). `--commit-only` stops after the commit (no crash, restore or replacements): it prints
+// the commit's figures and writes nothing.
 import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -55,6 +56,7 @@ const { values: flags } = parseArgs({
     'policy-workers': { type: 'string', default: '1' },
     'profile-restore': { type: 'string' },
     'profile-commit': { type: 'string' },
+    'commit-only': { type: 'boolean', default: false },
   },
 });
 const ROLLOUTS = Number(flags.rollouts);
@@ -231,6 +233,44 @@ function serverTimings(handle) {
   return timings;
 }
 
+/**
+ * Each server's own timings, the commit's time outside its slowest participant, the CPU of each
+ * server during the idle second, the commit (and restore), and each process's table row.
+ */
+function printCommit(commitS, timingsMs, cpuMs, processes) {
+  console.log('\nSERVER          CHECKPOINT           RECORDS  TIMES (ms)');
+  for (const [name, entries] of Object.entries(timingsMs)) {
+    for (const [what, { records, ...ms }] of Object.entries(entries)) {
+      const times = Object.entries(ms)
+        .map(([k, v]) => `${k.replace(/_ms$/, '')} ${v}`)
+        .join(', ');
+      console.log(`${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`);
+    }
+  }
+  const over = commitOverSlowest(commitS, timingsMs);
+  if (over !== null) {
+    console.log(
+      `commit ${commitS} s: slowest participant ${over.slowest} ${over.total_ms} ms ` +
+        `by its own total, ${over.outside_ms} ms outside the participants' work`,
+    );
+  }
+  for (const [what, spent] of Object.entries(cpuMs)) {
+    console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
+  }
+  console.log(
+    '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)' +
+      '  KERNEL IN COMMIT (ms)  FAULTS IN COMMIT (minor/major)',
+  );
+  for (const row of processes) {
+    console.log(
+      `${row.process.padEnd(30)} ${String(row.pid).padStart(7)} ${String(row.fds).padStart(7)}` +
+        `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}` +
+        `  ${String(row.commit_kernel_ms ?? '-').padStart(21)}` +
+        `  ${`${row.commit_minflt ?? '-'}/${row.commit_majflt ?? '-'}`.padStart(30)}`,
+    );
+  }
+}
+
 async function main() {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-scale-'));
   const source = join(runDir, 'stack.source.yaml');
@@ -387,6 +427,10 @@ async function main() {
     // The profiles are written on the servers' event loops: before the crash kills them.
     if (commitProfiles) await sleep(3000);
     const processes = processTable(atAllHeld, commitByProcess);
+    if (flags['commit-only']) {
+      printCommit(timings.commit, serverTimings(handle), cpuMs, processes);
+      return;
+    }
     const exported = committed.env.episode_ids;
     const recordsBytes = {};
     for (const kind of ['environment', 'model', 'agent', 'resources']) {
@@ -496,39 +540,7 @@ async function main() {
         `continued ${continued}, failed ${exported.length - continued}`,
     );
     console.log(`records bytes: ${JSON.stringify(recordsBytes)}`);
-    console.log('\nSERVER          CHECKPOINT           RECORDS  TIMES (ms)');
-    for (const [name, entries] of Object.entries(result.server_timings_ms)) {
-      for (const [what, { records, ...ms }] of Object.entries(entries)) {
-        const times = Object.entries(ms)
-          .map(([k, v]) => `${k.replace(/_ms$/, '')} ${v}`)
-          .join(', ');
-        console.log(
-          `${name.padEnd(15)} ${what.padEnd(20)} ${String(records).padStart(7)}  ${times}`,
-        );
-      }
-    }
-    const over = result.commit_over_slowest_participant;
-    if (over !== null) {
-      console.log(
-        `commit ${timings.commit} s: slowest participant ${over.slowest} ${over.total_ms} ms ` +
-          `by its own total, ${over.outside_ms} ms outside the participants' work`,
-      );
-    }
-    for (const [what, spent] of Object.entries(cpuMs)) {
-      console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
-    }
-    console.log(
-      '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)' +
-        '  KERNEL IN COMMIT (ms)  FAULTS IN COMMIT (minor/major)',
-    );
-    for (const row of processes) {
-      console.log(
-        `${row.process.padEnd(30)} ${String(row.pid).padStart(7)} ${String(row.fds).padStart(7)}` +
-          `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}` +
-          `  ${String(row.commit_kernel_ms ?? '-').padStart(21)}` +
-          `  ${`${row.commit_minflt ?? '-'}/${row.commit_majflt ?? '-'}`.padStart(30)}`,
-      );
-    }
+    printCommit(timings.commit, serverTimingsMs, cpuMs, processes);
     console.log(
       '\nRESTORE FLOOR              WALL (ms)  CPU (ms)  RESTORE / FLOOR  SLOWEST PARTICIPANT',
     );

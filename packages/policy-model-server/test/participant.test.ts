@@ -2,7 +2,7 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 
-import { encodeJson, type JsonObject } from '@ckpt-gym/core/protocol';
+import { encodeJson, type JsonObject, parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { RECORD_FIELDS_JSON, writeParticipantState } from '@ckpt-gym/core/server';
 import { deadline, episodes, until } from '@ckpt-gym/testing';
 import { afterEach, describe, expect, it } from '@jest/globals';
@@ -164,6 +164,33 @@ describe('commit', () => {
     ).toEqual({
       staging_keys: ['__generation_cut__/c2', 'r/c1'],
       staging_keys_by_episode: { r: ['r/c1'], s: ['__generation_cut__/c2'] },
+    });
+  });
+
+  it('commit replies list each record’s keys sorted once, and the flat list every key sorted once', () => {
+    const participant = new PolicyParticipant('policy', new PolicyGate(), undefined);
+    const rec = (key: string, rows: object[], cuts: object[] = []): ModelRecord => ({
+      episode_id: parseCaptureKey(key),
+      rows: rows as ModelRecord['rows'],
+      generation_cuts: cuts as ModelRecord['generation_cuts'],
+    });
+    // A restored attempt's record carries its predecessor's rows: a key under two episodes.
+    const reply = participant.commitReplyExtra([
+      rec(
+        'r-a1',
+        [{ staging_key: 'r/c2' }, { staging_key: 'r/c1' }],
+        [{ continuation: { staging_keys: ['r/c2', '__generation_cut__/c3'] } }],
+      ),
+      rec('r', [{ staging_key: 'r/c1' }, { staging_key: '' }]),
+      rec('q', [{ staging_key: 'q/c9' }]),
+    ]);
+    expect(reply).toEqual({
+      staging_keys: ['__generation_cut__/c3', 'q/c9', 'r/c1', 'r/c2'],
+      staging_keys_by_episode: {
+        'r-a1': ['__generation_cut__/c3', 'r/c1', 'r/c2'],
+        r: ['r/c1'],
+        q: ['q/c9'],
+      },
     });
   });
 });
