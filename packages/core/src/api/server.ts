@@ -235,6 +235,21 @@ export {
   type RuntimeDir,
 } from '../workers/runtime-dir.js';
 export {
+  isRoutingId,
+  newRoutingId,
+  ownedSessionId,
+  ownerOf,
+  type RoutingTables,
+  sessionTarget,
+} from '../workers/session-owners.js';
+export {
+  type RoutingState,
+  type SessionOf,
+  SessionRouter,
+  type SessionRouterOptions,
+  workerSocketPath,
+} from '../workers/session-router.js';
+export {
   type ChannelError,
   type ChannelHandler,
   type ChannelMessage,
@@ -249,6 +264,7 @@ export {
   MESSAGE_TIMEOUT_MS,
   type NumberedReport,
   REPLY_GRACE_MS,
+  RUNTIME_DIR_ENV,
   type WorkerAdmissionRequest,
   WORKER_INDEX_ENV,
   type WorkerInfo,

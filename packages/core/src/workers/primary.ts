@@ -18,7 +18,7 @@ import { GymMetrics, type MetricsJson, metricsObserver } from '../telemetry/metr
 import type { WorkerCoordinator } from './coordinator.js';
 import { serveCoordinator } from './coordinator-server.js';
 import { createRuntimeDir } from './runtime-dir.js';
-import { COORDINATOR_SOCKET_ENV, WORKER_INDEX_ENV } from './types.js';
+import { COORDINATOR_SOCKET_ENV, RUNTIME_DIR_ENV, WORKER_INDEX_ENV } from './types.js';
 import { WorkerLink } from './worker-link.js';
 
 /** Where the running server listens: what its listening line prints. */
@@ -57,7 +57,7 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
   const { settings, checkpoint, coordinator, logger } = options;
   const dir = createRuntimeDir();
   let stopCoordinator = async (): Promise<void> => {};
-  const env: Record<string, string> = {};
+  const env: Record<string, string> = { [RUNTIME_DIR_ENV]: dir.path };
   if (checkpoint && coordinator) {
     const metrics = coordinatorMetrics(settings, coordinator);
     const plane = new ControlPlane(coordinator, {
