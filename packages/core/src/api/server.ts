@@ -243,6 +243,15 @@ export {
   sessionTarget,
 } from '../workers/session-owners.js';
 export {
+  type OneCopy,
+  oneCopyPerSession,
+  type Placement,
+  type PlacementInput,
+  type PlacementWorker,
+  placeSessions,
+  type SessionCopy,
+} from '../workers/session-placement.js';
+export {
   type RoutingState,
   type SessionOf,
   SessionRouter,
