@@ -227,8 +227,22 @@ export {
   MAX_FRAME_BYTES,
   WithBytes,
 } from '../workers/frames.js';
+export { claimKeyOf, HeldRecords, recordAs } from '../workers/held.js';
 export { type MarksRelay, RelayedMarks } from '../workers/marks.js';
-export { replyTimeoutMs } from '../workers/rules.js';
+export {
+  type CoordinatedRecords,
+  PARTICIPANT_MESSAGES,
+  ParticipantCoordinator,
+  type ParticipantCoordinatorOptions,
+  type ParticipantWorkerReport,
+  type WorkerExport,
+} from '../workers/participant-coordinator.js';
+export {
+  type CoordinatorCalls,
+  ParticipantWorker,
+  type RestoredClaims,
+} from '../workers/participant-worker.js';
+export { mergeReadiness, mergeStatuses, replyTimeoutMs } from '../workers/rules.js';
 export {
   cleanStaleRuntimeDirs,
   createRuntimeDir,

@@ -140,6 +140,11 @@ export interface WorkerSide {
   registration?(): JsonObject;
   /** What the kind adds to each report (`WorkerReport.extra`). */
   reportExtra?(): JsonObject;
+  /**
+   * Subscribes to changes of what `reportExtra` says beyond the gate (a participant's readiness):
+   * each sends a fresh report while admission is closed, as a gate change does.
+   */
+  onChange?(listener: () => void): () => void;
   /** Serves a kind message from the coordinator. */
   handle?(kind: string, body: JsonValue): Promise<unknown>;
 }

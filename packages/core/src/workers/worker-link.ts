@@ -100,7 +100,9 @@ export class WorkerLink {
       side.marks.mark([{ rollout_id: rollout, attempt }]);
     }
     side.adopt?.(state.extra);
-    this.#unsubscribe = side.gate.onChange(() => this.#changed());
+    const unsubscribe = [side.gate.onChange(() => this.#changed())];
+    if (side.onChange) unsubscribe.push(side.onChange(() => this.#changed()));
+    this.#unsubscribe = () => unsubscribe.forEach((stop) => stop());
     if (!state.accepting && state.request) {
       // A checkpoint is open: close at once and report, as every other worker did.
       this.#generation = state.generation;
