@@ -688,14 +688,10 @@ function portProblems(servers: ReadonlyArray<[string, RawServer]>): string[] {
 
 /**
  * The participant kinds whose workers are not yet coordinated into one participant. A model
- * server's are (core's worker-coordination layer: its primary process is the participant); an
- * inference server is no participant.
+ * server's and a resources server's are (core's worker-coordination layer: its primary process is
+ * the participant); an inference server is no participant.
  */
-const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set([
-  'resources',
-  'agent',
-  'environment',
-]);
+const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set(['agent', 'environment']);
 
 /**
  * SPEC §5: with checkpointing on, a participant runs several workers only where they are
@@ -707,7 +703,7 @@ function checkpointServerProblems(name: string, server: RawServer): string[] {
   return [
     `servers.${name}.num_workers: checkpointing requires num_workers: 1 on ${aKind(server.kind)} ` +
       `server (got ${server.num_workers}): each worker would hold part of its episodes, and only ` +
-      "a model server's workers are coordinated into one participant so far",
+      "model and resources servers' workers are coordinated into one participant so far",
   ];
 }
 

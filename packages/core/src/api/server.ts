@@ -251,9 +251,10 @@ export {
 export {
   isRoutingId,
   newRoutingId,
-  ownedSessionId,
-  ownerOf,
+  ownedName,
+  parseOwnedName,
   type RoutingTables,
+  type SessionRef,
   sessionTarget,
 } from '../workers/session-owners.js';
 export {

@@ -4,7 +4,7 @@
  * owner (checkpointed by a single-process server) is placed on its own. Groups go, largest first,
  * to the live worker with the least load so far: records, then groups, ties by index.
  */
-import { ownerOf } from './session-owners.js';
+import type { SessionRef } from './session-owners.js';
 
 /** A live worker as placement sees it. */
 export interface PlacementWorker {
@@ -12,9 +12,9 @@ export interface PlacementWorker {
   readonly routingId: string;
 }
 
-/** What a restore places: the sessions' ids, and every owner a cookie may name (none exported too). */
+/** What a restore places: its sessions, and every owner a cookie may name (none exported too). */
 export interface PlacementInput {
-  readonly sessionIds: readonly string[];
+  readonly sessions: readonly SessionRef[];
   readonly owners: readonly string[];
 }
 
@@ -45,8 +45,7 @@ function groupsOf(input: PlacementInput): Group[] {
     return group;
   };
   for (const owner of input.owners) groupFor(`owner:${owner}`, owner);
-  for (const id of input.sessionIds) {
-    const owner = ownerOf(id);
+  for (const { id, owner } of input.sessions) {
     const group =
       owner === undefined
         ? groupFor(`session:${id}`, undefined)

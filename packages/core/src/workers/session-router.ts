@@ -27,10 +27,15 @@ import { type CkptGymError, OverloadedError, UpstreamError } from '../errors.js'
 import type { JsonObject } from '../json.js';
 import type { Logger } from '../logging.js';
 import { keepIdleConnections } from '../server.js';
-import { isRoutingId, type RoutingTables, sessionTarget } from './session-owners.js';
+import {
+  isRoutingId,
+  type RoutingTables,
+  type SessionRef,
+  sessionTarget,
+} from './session-owners.js';
 
 /** How a request names its session (a signed cookie, a bearer token, …); undefined: none. */
-export type SessionOf = (req: IncomingMessage) => string | undefined;
+export type SessionOf = (req: IncomingMessage) => SessionRef | undefined;
 
 export interface SessionRouterOptions {
   /** This worker's routing id (`newRoutingId`). */

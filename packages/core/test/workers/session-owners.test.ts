@@ -1,8 +1,8 @@
 import {
   isRoutingId,
   newRoutingId,
-  ownedSessionId,
-  ownerOf,
+  ownedName,
+  parseOwnedName,
   type RoutingTables,
   sessionTarget,
 } from '../../src/workers/session-owners.js';
@@ -22,18 +22,20 @@ function tables(parts: Partial<RoutingTables> = {}): RoutingTables {
 }
 
 describe('session owners', () => {
-  it('a session id created on a worker names that worker', () => {
+  it('the name a cookie signs carries the owner beside the session id, unchanged', () => {
     const owner = newRoutingId();
     expect(isRoutingId(owner)).toBe(true);
-    expect(ownerOf(ownedSessionId(owner, 'local-1'))).toBe(owner);
+    const ref = { id: 'resources-session-0a1b', owner };
+    expect(parseOwnedName(ownedName(ref))).toEqual(ref);
+    // A session id with dots of its own survives.
+    expect(parseOwnedName(ownedName({ id: 'a.b.c', owner }))).toEqual({ id: 'a.b.c', owner });
   });
 
-  it('a single-process id names no owner', () => {
-    expect(ownedSessionId(undefined, '6a1c1f0e-8d43-4a52-9b3f-1f1f1f1f1f1f')).toBe(
-      '6a1c1f0e-8d43-4a52-9b3f-1f1f1f1f1f1f',
-    );
-    expect(ownerOf('6a1c1f0e-8d43-4a52-9b3f-1f1f1f1f1f1f')).toBeUndefined();
-    expect(ownerOf('ABCDEFABCDEFABCD.x')).toBeUndefined();
+  it("a single-process cookie's name is the session id alone: no owner", () => {
+    const id = '6a1c1f0e-8d43-4a52-9b3f-1f1f1f1f1f1f';
+    expect(ownedName({ id })).toBe(id);
+    expect(parseOwnedName(id)).toEqual({ id });
+    expect(parseOwnedName('ABCDEFABCDEFABCD.x')).toEqual({ id: 'ABCDEFABCDEFABCD.x' });
   });
 
   it('each worker gets its own routing id', () => {
@@ -43,38 +45,36 @@ describe('session owners', () => {
 
 describe('sessionTarget', () => {
   it('serves its own sessions and requests without a session locally', () => {
-    expect(sessionTarget(`${SELF}.s1`, tables())).toBeUndefined();
+    expect(sessionTarget({ id: 's1', owner: SELF }, tables())).toBeUndefined();
     expect(sessionTarget(undefined, tables())).toBeUndefined();
   });
 
   it("forwards another live worker's session to that worker", () => {
-    expect(sessionTarget(`${OTHER}.s1`, tables())).toBe(OTHER);
+    expect(sessionTarget({ id: 's1', owner: OTHER }, tables())).toBe(OTHER);
   });
 
   it('alias routing: a cookie naming a worker that no longer exists reaches the new owner', () => {
     const aliases = new Map([[DEAD, OTHER]]);
-    expect(sessionTarget(`${DEAD}.s1`, tables({ aliases }))).toBe(OTHER);
+    expect(sessionTarget({ id: 's1', owner: DEAD }, tables({ aliases }))).toBe(OTHER);
     // Aliased to this worker: served here.
-    expect(sessionTarget(`${DEAD}.s1`, tables({ aliases: new Map([[DEAD, SELF]]) }))).toBe(
-      undefined,
-    );
+    const toSelf = tables({ aliases: new Map([[DEAD, SELF]]) });
+    expect(sessionTarget({ id: 's1', owner: DEAD }, toSelf)).toBeUndefined();
   });
 
   it('placement-table routing: a session without an owner goes where the restore placed it', () => {
     const placements = new Map([['plain-session', OTHER]]);
-    expect(sessionTarget('plain-session', tables({ placements }))).toBe(OTHER);
-    expect(sessionTarget('another-plain', tables({ placements }))).toBeUndefined();
-    // A placement never overrides the owner an id names.
-    expect(
-      sessionTarget(`${SELF}.x`, tables({ placements: new Map([[`${SELF}.x`, OTHER]]) })),
-    ).toBeUndefined();
+    expect(sessionTarget({ id: 'plain-session' }, tables({ placements }))).toBe(OTHER);
+    expect(sessionTarget({ id: 'another-plain' }, tables({ placements }))).toBeUndefined();
+    // A placement never overrides the owner a cookie names.
+    const named = tables({ placements: new Map([['x', OTHER]]) });
+    expect(sessionTarget({ id: 'x', owner: SELF }, named)).toBeUndefined();
   });
 
   it('an owner found gone is unresolvable: served here, as a new session would be', () => {
-    expect(sessionTarget(`${DEAD}.s1`, tables({ gone: new Set([DEAD]) }))).toBeUndefined();
+    const gone = new Set([DEAD]);
+    expect(sessionTarget({ id: 's1', owner: DEAD }, tables({ gone }))).toBeUndefined();
     const aliases = new Map([[DEAD, OTHER]]);
-    expect(sessionTarget(`${DEAD}.s1`, tables({ aliases, gone: new Set([OTHER]) }))).toBe(
-      undefined,
-    );
+    const aliasGone = tables({ aliases, gone: new Set([OTHER]) });
+    expect(sessionTarget({ id: 's1', owner: DEAD }, aliasGone)).toBeUndefined();
   });
 });

@@ -1,4 +1,3 @@
-import { ownedSessionId } from '../../src/workers/session-owners.js';
 import { oneCopyPerSession, placeSessions } from '../../src/workers/session-placement.js';
 
 const OLD_A = 'aaaaaaaaaaaaaaaa';
@@ -8,12 +7,13 @@ const W1 = { index: 1, routingId: '1111111111111111' };
 const W2 = { index: 2, routingId: '2222222222222222' };
 const W3 = { index: 3, routingId: '3333333333333333' };
 
-const ids = (owner: string, n: number) =>
-  Array.from({ length: n }, (_, i) => ownedSessionId(owner, `s${i}`));
+const refs = (owner: string, n: number) =>
+  Array.from({ length: n }, (_, i) => ({ id: `${owner.slice(0, 1)}${i}`, owner }));
+const ids = (owner: string, n: number) => refs(owner, n).map((r) => r.id);
 
 describe('placeSessions', () => {
   it('every record of one pre-crash owner goes to one live worker, aliased there', () => {
-    const placed = placeSessions({ sessionIds: [...ids(OLD_A, 3), ...ids(OLD_B, 3)], owners: [] }, [
+    const placed = placeSessions({ sessions: [...refs(OLD_A, 3), ...refs(OLD_B, 3)], owners: [] }, [
       W1,
       W2,
     ]);
@@ -28,8 +28,8 @@ describe('placeSessions', () => {
   });
 
   it('placement by load: the largest owner first, each to the worker with the fewest records', () => {
-    const sessionIds = [...ids(OLD_B, 3), ...ids(OLD_A, 5), ...ids(OLD_C, 2)];
-    const placed = placeSessions({ sessionIds, owners: [] }, [W1, W2]);
+    const sessions = [...refs(OLD_B, 3), ...refs(OLD_A, 5), ...refs(OLD_C, 2)];
+    const placed = placeSessions({ sessions, owners: [] }, [W1, W2]);
     // A (5) → 1; B (3) → 2; C (2) → 2 (3 records < 5).
     expect(placed.aliases.get(OLD_A)).toBe(W1.routingId);
     expect(placed.aliases.get(OLD_B)).toBe(W2.routingId);
@@ -39,7 +39,7 @@ describe('placeSessions', () => {
 
   it('equal records: the worker with fewer groups, then the lower index', () => {
     // Owners that exported nothing still get an alias: their cookies may still arrive.
-    const placed = placeSessions({ sessionIds: [], owners: [OLD_C, OLD_A, OLD_B] }, [W2, W3, W1]);
+    const placed = placeSessions({ sessions: [], owners: [OLD_C, OLD_A, OLD_B] }, [W2, W3, W1]);
     expect(placed.aliases).toEqual(
       new Map([
         [OLD_A, W1.routingId],
@@ -51,7 +51,10 @@ describe('placeSessions', () => {
 
   it('sessions that name no owner are placed one by one, in the placement table', () => {
     const placed = placeSessions(
-      { sessionIds: ['plain-1', 'plain-2', 'plain-3', ...ids(OLD_A, 2)], owners: [OLD_A] },
+      {
+        sessions: [{ id: 'plain-1' }, { id: 'plain-2' }, { id: 'plain-3' }, ...refs(OLD_A, 2)],
+        owners: [OLD_A],
+      },
       [W1, W2],
     );
     expect(placed.aliases).toEqual(new Map([[OLD_A, W1.routingId]]));

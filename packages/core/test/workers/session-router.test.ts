@@ -5,7 +5,7 @@ import type { AddressInfo } from 'node:net';
 import express, { type Express } from 'express';
 
 import { createLogger } from '../../src/logging.js';
-import { newRoutingId, ownedSessionId } from '../../src/workers/session-owners.js';
+import { newRoutingId, ownedName, parseOwnedName } from '../../src/workers/session-owners.js';
 import { SessionRouter } from '../../src/workers/session-router.js';
 
 const logger = createLogger({ server: 'router-test', kind: 'resources', level: 'error' });
@@ -41,7 +41,10 @@ async function worker(): Promise<Worker> {
   const router = new SessionRouter({
     routingId: id,
     socketDir: dir,
-    sessionOf: (req) => req.headers[SESSION_HEADER] as string | undefined,
+    sessionOf: (req) => {
+      const name = req.headers[SESSION_HEADER] as string | undefined;
+      return name === undefined ? undefined : parseOwnedName(name);
+    },
     logger,
   });
   const app: Express = express();
@@ -92,14 +95,14 @@ describe('SessionRouter', () => {
   it('the router forwards to the owner and serves its own locally', async () => {
     const [a, b] = [await worker(), await worker()];
     const big = 'x'.repeat(1 << 20);
-    const forwarded = await post(a, ownedSessionId(b.id, 's1'), big);
+    const forwarded = await post(a, ownedName({ id: 's1', owner: b.id }), big);
     expect(forwarded.status).toBe(201);
     expect(forwarded.cookies).toEqual(['a=1', 'b=2']);
     expect(forwarded.json.served_by).toBe(b.id);
     // Compared whole but reported short: a mismatch would print a megabyte.
     expect(forwarded.json.body === big).toBe(true);
-    expect((await post(a, ownedSessionId(a.id, 's2'), 'own')).json.served_by).toBe(a.id);
-    expect((await post(b, ownedSessionId(a.id, 's3'), 'back')).json.served_by).toBe(a.id);
+    expect((await post(a, ownedName({ id: 's2', owner: a.id }), 'own')).json.served_by).toBe(a.id);
+    expect((await post(b, ownedName({ id: 's3', owner: a.id }), 'back')).json.served_by).toBe(a.id);
     expect((await post(a, undefined, 'new')).json.served_by).toBe(a.id);
   });
 
@@ -107,7 +110,7 @@ describe('SessionRouter', () => {
     const [a, b] = [await worker(), await worker()];
     const dead = newRoutingId();
     a.router.adopt({ aliases: { [dead]: b.id }, placements: { plain: b.id } });
-    expect((await post(a, ownedSessionId(dead, 's1'), 'x')).json.served_by).toBe(b.id);
+    expect((await post(a, ownedName({ id: 's1', owner: dead }), 'x')).json.served_by).toBe(b.id);
     expect((await post(a, 'plain', 'x')).json.served_by).toBe(b.id);
   });
 
@@ -116,7 +119,11 @@ describe('SessionRouter', () => {
     const chunks: string[] = [];
     await new Promise<void>((resolve, reject) => {
       const req = request(
-        { port: a.port, path: '/events', headers: { [SESSION_HEADER]: ownedSessionId(b.id, 's') } },
+        {
+          port: a.port,
+          path: '/events',
+          headers: { [SESSION_HEADER]: ownedName({ id: 's', owner: b.id }) },
+        },
         (res) => {
           res.setEncoding('utf8');
           res.on('data', (chunk: string) => {
@@ -137,7 +144,7 @@ describe('SessionRouter', () => {
     const a = await worker();
     const b = await worker();
     await b.router.close();
-    const reply = await post(a, ownedSessionId(b.id, 's1'), 'kept');
+    const reply = await post(a, ownedName({ id: 's1', owner: b.id }), 'kept');
     expect(reply.json).toEqual({ served_by: a.id, body: 'kept' });
     expect(a.router.tables.gone.has(b.id)).toBe(true);
   });
