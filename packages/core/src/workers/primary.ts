@@ -6,7 +6,7 @@
  * HTTP itself. A worker that dies is not restarted (a restore is refused once a worker left);
  * closing stops every worker cleanly, then the coordinator.
  */
-import cluster, { type Worker } from 'node:cluster';
+import cluster, { type Address, type Worker } from 'node:cluster';
 import { join } from 'node:path';
 
 import { ControlPlane } from '../control/plane.js';
@@ -137,11 +137,15 @@ function forkWorkers(
     for (let index = 1; index <= settings.numWorkers; index += 1) {
       const worker = cluster.fork({ ...env, [WORKER_INDEX_ENV]: String(index) });
       workers.push(worker);
-      worker.once('listening', (address) => {
+      const onListening = (address: Address): void => {
+        // A worker's own Unix socket (session routing) is not the server's port.
+        if (address.addressType === -1) return;
+        worker.off('listening', onListening);
         port = address.port;
         listening += 1;
         if (listening === settings.numWorkers) resolve({ workers, port });
-      });
+      };
+      worker.on('listening', onListening);
       worker.once('exit', (code, signal) => {
         const meta = { worker: index, pid: worker.process.pid, code, signal };
         if (listening < settings.numWorkers) {

@@ -159,7 +159,9 @@ export class SessionRouter {
     keepIdleConnections(server);
     await new Promise<void>((resolve, reject) => {
       server.once('error', reject);
-      server.listen(path, () => {
+      // Exclusive: in a cluster worker the socket is this process's own, not a handle the primary
+      // shares (a dead worker's socket then refuses, and nothing passes through the primary).
+      server.listen({ path, exclusive: true }, () => {
         server.off('error', reject);
         resolve();
       });
