@@ -27,6 +27,7 @@ import { listen, newRoutingId } from '@ckpt-gym/core/server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
 
 import { percentiles } from './lib/percentile.mjs';
+import { integerFlag, nextMessage } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 
 const WORKER_CHILD = '--worker-child';
@@ -55,17 +56,6 @@ async function runWorkerChild(socketDir) {
     await server.router.close();
     await listening.close();
   });
-}
-
-function integerFlag(flags, name, least) {
-  const value = Number(flags[name]);
-  if (!Number.isSafeInteger(value) || value < least)
-    throw new Error(`--${name} must be ≥ ${least}`);
-  return value;
-}
-
-function nextMessage(child) {
-  return new Promise((done) => child.once('message', done));
 }
 
 async function cpuOf(children) {
