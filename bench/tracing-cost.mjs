@@ -27,6 +27,7 @@ import { listen } from '@ckpt-gym/core/server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
 
 import { otlpSink } from './lib/otlp-sink.mjs';
+import { integerFlag, nextMessage } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 
 const SINK_CHILD = '--sink-child';
@@ -37,14 +38,6 @@ async function runSinkChild() {
   process.send(sink.url);
   process.on('message', () => process.send(sink.spans()));
   process.once('disconnect', () => sink.close());
-}
-
-/** Flag `name` as an integer of at least `least`. */
-function integerFlag(flags, name, least) {
-  const value = Number(flags[name]);
-  if (!Number.isSafeInteger(value) || value < least)
-    throw new Error(`--${name} must be ≥ ${least}`);
-  return value;
 }
 
 async function main() {
@@ -87,10 +80,6 @@ const CONCURRENCY = 16;
 const REQUESTS_PER_ROLLOUT = 4;
 /** A caller's trace context, as every call after a rollout's first carries one. */
 const TRACEPARENT = `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-01`;
-
-function nextMessage(child) {
-  return new Promise((done) => child.once('message', done));
-}
 
 function weatherApp() {
   const silent = { error() {}, warn() {}, info() {}, debug() {}, child: () => silent };

@@ -21,6 +21,8 @@ export interface StackOptions {
   policyWorkers?: number;
   /** The environment servers' `num_workers` (one process, no coordinator, unless above 1). */
   envWorkers?: number;
+  /** Every resources server's `num_workers` (one process unless above 1). */
+  resourcesWorkers?: number;
   /**
    * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
    * and Simple Agent takes them over MCP (`direct_http` by default).
@@ -102,6 +104,7 @@ function resources(name: string, app: string, options: StackOptions): string {
     app,
     port: 0,
     ...(options.tools === 'mcp' ? { expose_tools_over_mcp: true } : {}),
+    ...(options.resourcesWorkers === undefined ? {} : { num_workers: options.resourcesWorkers }),
   });
 }
 

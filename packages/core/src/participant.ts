@@ -5,7 +5,7 @@
  */
 import { captureKey, type EpisodeId } from './identity.js';
 import type { JsonObject } from './json.js';
-import type { CheckpointRecord, RawRecord } from './store.js';
+import type { CheckpointRecord, Manifest, RawRecord } from './store.js';
 
 export type ParticipantKind = 'environment' | 'model' | 'agent' | 'resources';
 
@@ -176,6 +176,8 @@ export interface Participant<R extends CheckpointRecord = CheckpointRecord> {
   statusExtra(): Record<string, unknown>;
   /** Extra manifest keys; they may not override the base keys. */
   manifestExtra(): Record<string, unknown>;
+  /** Reads back what `manifestExtra` wrote: called by a restore before `install`. */
+  restoreManifest?(manifest: Manifest): void;
   /** Extra commit reply keys (the policy model adds staging keys). */
   commitReplyExtra(records: R[]): Record<string, unknown>;
 }

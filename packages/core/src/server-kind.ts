@@ -22,7 +22,7 @@ import {
 } from './settings.js';
 import type { WorkerCoordinator } from './workers/coordinator.js';
 import { isServerWorker, startWorkers, workerLinkFromEnv } from './workers/primary.js';
-import { WORKER_INDEX_ENV } from './workers/types.js';
+import { RUNTIME_DIR_ENV, WORKER_INDEX_ENV } from './workers/types.js';
 import type { WorkerLink } from './workers/worker-link.js';
 
 /** A server of a stack file, built and listening. */
@@ -57,6 +57,8 @@ export interface WorkerContext {
   readonly index: number;
   /** Its link to the coordinator; undefined when checkpointing is off (nothing to coordinate). */
   readonly link: WorkerLink | undefined;
+  /** The server's runtime directory (each worker's own socket for session routing is there). */
+  readonly runtimeDir: string;
 }
 
 /**
@@ -214,7 +216,7 @@ async function startWorker(
   });
   const server = await kind.fromStack(stack, settings.name, {
     ...options,
-    worker: { index, link },
+    worker: { index, link, runtimeDir: process.env[RUNTIME_DIR_ENV] ?? '' },
   });
   return {
     ...pickRunning(server),

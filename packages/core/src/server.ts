@@ -16,7 +16,7 @@ import {
 import type { AddressInfo, Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
 
-import express, { type Express } from 'express';
+import express, { type Express, type RequestHandler } from 'express';
 
 import { ControlPlane, type ControlPlaneOptions, installControlPlane } from './control/index.js';
 import type { ControlTarget } from './control/routes.js';
@@ -53,6 +53,11 @@ export interface GymAppOptions<R extends CheckpointRecord> {
    */
   control?: ControlTarget;
   logger?: Logger;
+  /**
+   * In a worker of a server with several workers: sends a request for a session another worker
+   * owns to that worker (`SessionRouter.middleware()`); runs before anything else sees it.
+   */
+  sessionRouter?: RequestHandler;
   plane?: Omit<
     ControlPlaneOptions,
     'leaseGraceSeconds' | 'logger' | 'signingKey' | 'fileMode' | 'dirMode'
@@ -103,6 +108,7 @@ export function createGymApp<R extends CheckpointRecord>(options: GymAppOptions<
   const app = express();
   app.disable('x-powered-by');
   app.set('etag', false);
+  if (options.sessionRouter) app.use(options.sessionRouter);
   const metrics = new GymMetrics({ server: options.name, kind: options.kind });
   appMetrics.set(app, metrics);
   app.use(requestTelemetry(metrics, logger));

@@ -689,10 +689,11 @@ function portProblems(servers: ReadonlyArray<[string, RawServer]>): string[] {
 /**
  * The participant kinds whose workers are not yet coordinated into one participant. A model
  * server's are (core's worker-coordination layer: its primary process is the participant), and so
- * are an environment server's (core's `ParticipantCoordinator`: restored episodes wait there for
- * the worker whose replacement `/run` claims them); an inference server is no participant.
+ * are an environment server's and a resources server's (core's `ParticipantCoordinator`: restored
+ * episodes wait there for the worker whose replacement `/run` claims them; sessions are placed on
+ * workers and routed to their owner); an inference server is no participant.
  */
-const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set(['resources', 'agent']);
+const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set(['agent']);
 
 /**
  * SPEC §5: with checkpointing on, a participant runs several workers only where they are
@@ -704,7 +705,7 @@ function checkpointServerProblems(name: string, server: RawServer): string[] {
   return [
     `servers.${name}.num_workers: checkpointing requires num_workers: 1 on ${aKind(server.kind)} ` +
       `server (got ${server.num_workers}): each worker would hold part of its sessions, and only ` +
-      "a model or environment server's workers are coordinated into one participant so far",
+      "model, environment and resources servers' workers are coordinated into one participant so far",
   ];
 }
 

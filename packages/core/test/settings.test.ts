@@ -519,18 +519,22 @@ describe('checkpointing limits', () => {
     expect(serverSettings(settings, 'policy').numWorkers).toBe(2);
   });
 
-  it('refuses num_workers > 1 with checkpointing on for agent and resources servers', () => {
+  it('allows a resources server several workers with checkpointing on', () => {
+    const weather = 'weather: { kind: resources, app: weather, port: 8102, num_workers: 2 }';
+    const settings = parse(stack({ top: CHECKPOINT_ON, servers: [MODEL, weather] }));
+    expect(serverSettings(settings, 'weather').numWorkers).toBe(2);
+  });
+
+  it('refuses num_workers > 1 with checkpointing on for agent servers', () => {
     const servers = [
       MODEL,
-      'weather: { kind: resources, app: weather, port: 8102, num_workers: 2 }',
       'agent: { kind: agent, app: simple, port: 8103, model_server: policy, num_workers: 3 }',
     ];
     const err = refusal(stack({ top: CHECKPOINT_ON, servers }));
     const why =
-      "each worker would hold part of its sessions, and only a model or environment server's " +
+      "each worker would hold part of its sessions, and only model, environment and resources servers' " +
       'workers are coordinated into one participant so far';
     expect(err.message.split('\n')).toEqual([
-      `${SOURCE}: servers.weather.num_workers: checkpointing requires num_workers: 1 on a resources server (got 2): ${why}`,
       `${SOURCE}: servers.agent.num_workers: checkpointing requires num_workers: 1 on an agent server (got 3): ${why}`,
     ]);
   });

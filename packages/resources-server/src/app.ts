@@ -18,12 +18,14 @@ import {
 import {
   type CheckpointSettings,
   type ControlPlane,
+  type ControlTarget,
   createGymApp,
   createLogger,
   gymRoute,
   type GymRoute,
   type Logger,
   mountRoutes,
+  SessionRouter,
 } from '@ckpt-gym/core/server';
 import type { Express, Request } from 'express';
 
@@ -40,6 +42,7 @@ import {
 } from './definition.js';
 import { type McpExposure, mcpRoutes, mcpToolNames, resourcesTools } from './mcp.js';
 import { McpTokens, mcpTokenKey } from './mcp-token.js';
+import { resourcesSessionOf } from './routing.js';
 import { checkPrefixMatches, NativeSessions, parseNativeClose, parseNativeSeed } from './native.js';
 import {
   type Admission,
@@ -62,6 +65,13 @@ export interface ResourcesServerOptions {
   /** `session_secret`: signs the session cookie; see cookie.ts for the default. */
   readonly sessionSecret?: string;
   readonly bodyLimit?: string;
+  /**
+   * On a worker of a server with several workers: its routing id and the server's runtime
+   * directory. Its new sessions name it, and a request for another worker's session goes there.
+   */
+  readonly routing?: { readonly routingId: string; readonly socketDir: string };
+  /** On such a worker with checkpointing on: its control routes go to the coordinator. */
+  readonly control?: ControlTarget;
 }
 
 export interface ResourcesServer {
@@ -71,6 +81,8 @@ export interface ResourcesServer {
   /** Present exactly when checkpointing is on. */
   readonly participant: ResourcesParticipant | undefined;
   readonly plane: ControlPlane<ResourcesSessionRecord> | undefined;
+  /** Present exactly when `routing` was given: `listen` it on the worker's own socket. */
+  readonly router: SessionRouter | undefined;
 }
 
 function isObject(value: JsonValue | undefined): value is JsonObject {
@@ -135,10 +147,26 @@ export function createResourcesServer(
   const declarations = checkDefinition(definition);
   const logger = options.logger ?? createLogger({ server: options.name, kind: 'resources' });
   const book = new NativeSessions();
+  const owner = options.routing?.routingId;
   const participant: Participant | undefined = options.checkpoint
     ? new ResourcesParticipant(options.name, declarations, {
         logger,
         onSessionFreed: (id) => book.forget(id),
+        owner,
+      })
+    : undefined;
+  const secret = sessionSecret({
+    configured: options.sessionSecret,
+    controlAuthToken: options.checkpoint?.controlAuthToken,
+    serverName: options.name,
+  });
+  const cookie = new SessionCookie(options.name, secret, owner);
+  const tokens = options.exposeToolsOverMcp ? new McpTokens(mcpTokenKey(secret), owner) : undefined;
+  const router = options.routing
+    ? new SessionRouter({
+        ...options.routing,
+        sessionOf: resourcesSessionOf(cookie, tokens),
+        logger,
       })
     : undefined;
   const gym = createGymApp<ResourcesSessionRecord>({
@@ -146,20 +174,17 @@ export function createResourcesServer(
     kind: 'resources',
     checkpoint: options.checkpoint,
     participant,
+    control: options.control,
     logger,
-  });
-  const secret = sessionSecret({
-    configured: options.sessionSecret,
-    controlAuthToken: options.checkpoint?.controlAuthToken,
-    serverName: options.name,
+    sessionRouter: router?.middleware(),
   });
   const bodyLimit = options.bodyLimit ?? DEFAULT_BODY_LIMIT;
-  const mcp: McpExposure | undefined = options.exposeToolsOverMcp
+  const mcp: McpExposure | undefined = tokens
     ? {
         serverName: options.name,
         definition,
         tools: mcpToolNames(definition, declarations),
-        tokens: new McpTokens(mcpTokenKey(secret)),
+        tokens,
         participant,
         logger: gym.logger,
         bodyLimit,
@@ -169,7 +194,7 @@ export function createResourcesServer(
     definition,
     declarations,
     participant,
-    cookie: new SessionCookie(options.name, secret),
+    cookie,
     book,
     bodyLimit,
     mcp,
@@ -180,7 +205,14 @@ export function createResourcesServer(
     ...(mcp ? mcpRoutes(mcp) : []),
   ]);
   gym.finish();
-  return { app: gym.app, logger: gym.logger, declarations, participant, plane: gym.plane };
+  return {
+    app: gym.app,
+    logger: gym.logger,
+    declarations,
+    participant,
+    plane: gym.plane,
+    router,
+  };
 }
 
 /**

@@ -6,6 +6,8 @@
  */
 import { createHmac, randomBytes, randomUUID, timingSafeEqual } from 'node:crypto';
 
+import { ownedName, parseOwnedName, type SessionRef } from '@ckpt-gym/core/server';
+
 export const SESSION_ID_KEY = 'session_id';
 
 export function sessionCookieName(serverName: string): string {
@@ -58,35 +60,52 @@ export class SignedValues {
   }
 }
 
+/**
+ * On a worker of a server with several workers the signed text is `<routing id>.<session id>`
+ * (core's `ownedName`): the cookie names the worker that owns the session, for the router.
+ */
 export class SessionCookie {
   readonly name: string;
   readonly #values: SignedValues;
+  readonly #owner: string | undefined;
 
-  constructor(serverName: string, secret: Buffer) {
+  constructor(serverName: string, secret: Buffer, owner?: string) {
     this.name = sessionCookieName(serverName);
     this.#values = new SignedValues(secret);
+    this.#owner = owner;
   }
 
-  /** The cookie value naming `sessionId`. */
+  /** The cookie value naming `sessionId` (and this worker, when it has a routing id). */
   sign(sessionId: string): string {
-    return this.#values.sign(sessionId);
+    return this.#values.sign(ownedName({ id: sessionId, owner: this.#owner }));
+  }
+
+  /** The session a value names, or undefined when it is malformed or its signature is wrong. */
+  verifyRef(value: string): SessionRef | undefined {
+    const text = this.#values.verify(value);
+    return text === undefined ? undefined : parseOwnedName(text);
   }
 
   /** The session id a value names, or undefined when it is malformed or its signature is wrong. */
   verify(value: string): string | undefined {
-    return this.#values.verify(value);
+    return this.verifyRef(value)?.id;
   }
 
-  /** The session id of a request's `Cookie` header, if it carries a valid one. */
-  read(cookieHeader: string | undefined): string | undefined {
+  /** The session (and its owner) of a request's `Cookie` header, if it carries a valid one. */
+  readRef(cookieHeader: string | undefined): SessionRef | undefined {
     if (!cookieHeader) return undefined;
     for (const part of cookieHeader.split(';')) {
       const eq = part.indexOf('=');
       if (eq < 0 || part.slice(0, eq).trim() !== this.name) continue;
-      const id = this.verify(safeDecode(part.slice(eq + 1).trim()));
-      if (id !== undefined) return id;
+      const ref = this.verifyRef(safeDecode(part.slice(eq + 1).trim()));
+      if (ref !== undefined) return ref;
     }
     return undefined;
+  }
+
+  /** The session id of a request's `Cookie` header, if it carries a valid one. */
+  read(cookieHeader: string | undefined): string | undefined {
+    return this.readRef(cookieHeader)?.id;
   }
 
   /** A `Set-Cookie` value for `sessionId`. */

@@ -1,8 +1,35 @@
-/** The `resources` server kind: what `ckpt-gym serve` and this package's bin start. */
-import { listenGymServer, serverSettings, type ServerKindModule } from '@ckpt-gym/core/server';
+/**
+ * The `resources` server kind: what `ckpt-gym serve` and this package's bin start. With
+ * `num_workers: N > 1` every forked worker routes each session's requests to the worker that owns
+ * it (core's `SessionRouter`, on its own socket in the server's runtime directory), and with
+ * checkpointing on the primary runs the resources coordinator (the participant) and each worker
+ * its share, attached before it listens (`workers.ts`).
+ */
+import { ConfigError } from '@ckpt-gym/core/protocol';
+import {
+  type FromStackOptions,
+  listenGymServer,
+  newRoutingId,
+  type ServerKindModule,
+  serverSettings,
+} from '@ckpt-gym/core/server';
 
-import { createResourcesServer } from './app.js';
+import { createResourcesServer, type ResourcesServer } from './app.js';
 import { definitionFor, RESOURCES_APPS, resourcesServerConfig } from './config.js';
+import { checkDefinition } from './definition.js';
+import { ResourcesParticipant } from './participant.js';
+import { ResourcesCoordinator, ResourcesWorker } from './workers.js';
+
+/** Links a worker's participant and router to its coordinator, and serves its own socket. */
+async function attachWorker(server: ResourcesServer, options: FromStackOptions): Promise<void> {
+  const { router, participant } = server;
+  if (!router) return;
+  await router.listen(server.app);
+  const link = options.worker?.link;
+  if (link && participant) {
+    await link.attach(new ResourcesWorker(participant, router, link, server.logger));
+  }
+}
 
 export const resourcesKind: ServerKindModule<'resources'> = {
   kind: 'resources',
@@ -13,19 +40,47 @@ export const resourcesKind: ServerKindModule<'resources'> = {
   },
   async fromStack(stack, name, options = {}) {
     const settings = serverSettings(stack, name);
+    const config = resourcesServerConfig(settings);
+    const worker = options.worker;
+    if (worker && !config.sessionSecret && !stack.checkpoint) {
+      throw new ConfigError(
+        `servers.${name}.session_secret: required with num_workers > 1 and checkpointing off, ` +
+          "or each worker signs with a secret of its own and refuses the others' cookies",
+      );
+    }
     // definitionFor refuses a server of another kind.
     const server = createResourcesServer(definitionFor(settings, stack.baseDir), {
       name,
       checkpoint: stack.checkpoint,
       logger: options.logger,
-      ...resourcesServerConfig(settings),
+      ...config,
+      ...(worker
+        ? {
+            routing: { routingId: newRoutingId(), socketDir: worker.runtimeDir },
+            control: worker.link?.controlTarget(),
+          }
+        : {}),
     });
+    await attachWorker(server, options);
     return listenGymServer(settings, server.app, options, {
       plane: server.plane,
       async close(listening) {
         server.plane?.dispose();
         await listening.close();
+        await server.router?.close();
       },
     });
+  },
+  workers: {
+    coordinator(stack, name, { expectedWorkers, logger }) {
+      const settings = serverSettings(stack, name);
+      const declarations = checkDefinition(definitionFor(settings, stack.baseDir));
+      return new ResourcesCoordinator({
+        instance: name,
+        expectedWorkers,
+        logger,
+        records: new ResourcesParticipant(name, declarations),
+      });
+    },
   },
 };

@@ -17,6 +17,8 @@ import {
   UnauthorizedError,
 } from '@ckpt-gym/core/protocol';
 
+import { isRoutingId } from '@ckpt-gym/core/server';
+
 import { SignedValues } from './cookie.js';
 
 export interface McpTokenClaims {
@@ -24,6 +26,8 @@ export interface McpTokenClaims {
   readonly tools: readonly string[];
   /** The seeding attempt's capture key; present exactly when checkpointing is on. */
   readonly episode?: string;
+  /** The worker that owns the session (its routing id), on a server with several workers. */
+  readonly owner?: string;
 }
 
 /** The token key, derived from the session secret (deterministic whenever the secret is). */
@@ -40,15 +44,19 @@ function isClaims(value: unknown): value is McpTokenClaims {
     Array.isArray(claims.tools) &&
     claims.tools.every((t) => typeof t === 'string') &&
     (claims.episode === undefined ||
-      (typeof claims.episode === 'string' && isCaptureKey(claims.episode)))
+      (typeof claims.episode === 'string' && isCaptureKey(claims.episode))) &&
+    (claims.owner === undefined || isRoutingId(claims.owner))
   );
 }
 
 export class McpTokens {
   readonly #values: SignedValues;
+  readonly #owner: string | undefined;
 
-  constructor(key: Buffer) {
+  /** `owner`: this worker's routing id, which its tokens name, on a server with several workers. */
+  constructor(key: Buffer, owner?: string) {
     this.#values = new SignedValues(key);
+    this.#owner = owner;
   }
 
   /** The token of a session; `episode` only with checkpointing on. */
@@ -57,6 +65,7 @@ export class McpTokens {
       session_id: sessionId,
       tools: [...tools],
       ...(episode ? { episode: captureKey(episode) } : {}),
+      ...(this.#owner === undefined ? {} : { owner: this.#owner }),
     };
     return this.#values.sign(JSON.stringify(claims));
   }

@@ -27,6 +27,7 @@ import {
   BaseParticipant,
   type CheckpointRecord,
   DEFER_DECODE_MIN_BYTES,
+  isRoutingId,
   type GateView,
   isReplayableVerify,
   type Logger,
@@ -48,6 +49,11 @@ const RAW_RECORD: unique symbol = Symbol('resources session record read back und
 export interface ResourcesSessionRecord extends CheckpointRecord {
   episode_id: EpisodeId;
   session_id: string;
+  /**
+   * The worker the session's cookie and MCP token name (its routing id), on a server with several
+   * workers: a restore moves every session of one owner to one worker and aliases the owner there.
+   */
+  owner?: string;
   state: JsonValue;
   [RAW_RECORD]?: RawRecord;
 }
@@ -102,12 +108,14 @@ export interface ResourcesParticipantOptions {
   readonly logger?: Logger;
   /** Told when the participant freed a session (retire or restored-state deletion). */
   readonly onSessionFreed?: (sessionId: string) => void;
+  /** This worker's routing id, on a server with several workers: the owner its sessions name. */
+  readonly owner?: string;
 }
 
 /** The gate's tag of a session start (a retire waits for the starts of its attempt). */
 const START = 'start';
 
-const RECORD_KEYS = new Set(['episode_id', 'session_id', 'state']);
+const RECORD_KEYS = new Set(['episode_id', 'session_id', 'owner', 'state']);
 
 /** Checks a record's keys and session id (its episode and state are read elsewhere). */
 function checkedSessionId(key: string, keys: readonly string[], sessionId: unknown): string {
@@ -126,18 +134,34 @@ function checkedSessionId(key: string, keys: readonly string[], sessionId: unkno
   return sessionId;
 }
 
+/** A record's owner: absent, or a routing id. */
+function checkedOwner(key: string, owner: unknown): string | undefined {
+  if (owner === undefined || isRoutingId(owner)) return owner;
+  throw new CheckpointStateError(`resources record ${key}: owner must be a routing id`);
+}
+
+/** `owner` as a record's field: none when the session names no owner. */
+const ownerField = (owner: string | undefined): { owner?: string } =>
+  owner === undefined ? {} : { owner };
+
 /** A restored session's record exported as it was read: its state's bytes, never decoded. */
-function undecodedRecord(session: TrackedSession, raw: RawRecord): ResourcesSessionRecord {
+function undecodedRecord(
+  session: TrackedSession,
+  owner: string | undefined,
+  raw: RawRecord,
+): ResourcesSessionRecord {
   const record: ResourcesSessionRecord = {
     episode_id: session.episode,
     session_id: session.id,
+    ...ownerField(owner),
     // Decoded only if the store must encode the record itself.
     get state(): JsonValue {
       return raw.field('state')!;
     },
   };
+  const ownerJson = owner === undefined ? '' : `"owner":${encodeJson(owner)},`;
   record[RECORD_FIELDS_JSON] = [
-    `"session_id":${encodeJson(session.id)},"state":`,
+    `"session_id":${encodeJson(session.id)},${ownerJson}"state":`,
     raw.fieldBytes('state')!,
   ];
   return record;
@@ -153,6 +177,9 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   readonly #declarations: Declarations;
   readonly #logger: Logger | undefined;
   readonly #onSessionFreed: ((sessionId: string) => void) | undefined;
+  readonly #owner: string | undefined;
+  /** The owner each restored session's cookie names (none: checkpointed by one process). */
+  readonly #restoredOwners = new Map<string, string | undefined>();
   /**
    * Admission by the resources rule (`resourcesAdmission`): its tickets are the requests that can
    * hold up prepare (a replayable `/verify` has none), tagged by role, by capture key.
@@ -182,6 +209,15 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     this.verify = declarations.verify;
     this.#logger = options.logger?.child({ component: 'resources-participant' });
     this.#onSessionFreed = options.onSessionFreed;
+    this.#owner = options.owner;
+  }
+
+  /**
+   * The owner a session's cookie names: the one its record named when a restore installed it
+   * (none when checkpointed by one process), else this worker (none in one process).
+   */
+  ownerOf(sessionId: string): string | undefined {
+    return this.#restoredOwners.has(sessionId) ? this.#restoredOwners.get(sessionId) : this.#owner;
   }
 
   /** True when `sessionId` is tracked and its attempt is not fenced. */
@@ -304,7 +340,10 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
       if (fenced) this.#rememberRetired(sessionId, episode.rollout_id);
     }
     const verifyEnds = req.role === 'verify' && !(this.verify === 'replay' && req.closeFollows);
-    if (req.role === 'close' || verifyEnds || endRequested) this.#sessions.remove(sessionId);
+    if (req.role === 'close' || verifyEnds || endRequested) {
+      this.#sessions.remove(sessionId);
+      this.#restoredOwners.delete(sessionId);
+    }
     this.#wake();
   }
 
@@ -422,12 +461,14 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     const records: ResourcesSessionRecord[] = [];
     for (const session of chosen) {
       const raw = this.#undecoded.get(session.id);
+      const owner = this.ownerOf(session.id);
       if (raw !== undefined) {
-        records.push(undecodedRecord(session, raw));
+        records.push(undecodedRecord(session, owner, raw));
       } else if (Object.hasOwn(states, session.id)) {
         records.push({
           episode_id: session.episode,
           session_id: session.id,
+          ...ownerField(owner),
           state: states[session.id] as JsonValue,
         });
       } else {
@@ -451,7 +492,13 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     } catch (err) {
       throw new CheckpointStateError(`resources record ${key}: ${(err as Error).message}`);
     }
-    return { episode_id: episode, session_id: sessionId, state: record.state as JsonValue };
+    const owner = checkedOwner(key, record.owner);
+    return {
+      episode_id: episode,
+      session_id: sessionId,
+      ...ownerField(owner),
+      state: record.state as JsonValue,
+    };
   }
 
   /** Reads the session id now; the state is decoded when a request first uses the session. */
@@ -459,9 +506,11 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
       return this.validateRecord(record.decode(), key);
     const sessionId = checkedSessionId(key, record.fieldNames(), record.field('session_id'));
+    const owner = checkedOwner(key, record.field('owner'));
     return {
       episode_id: record.episode_id,
       session_id: sessionId,
+      ...ownerField(owner),
       get state(): JsonValue {
         return record.field('state')!;
       },
@@ -497,6 +546,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     await this.#declarations.hooks.restoreSessionStates(states);
     for (const record of records) {
       this.#sessions.bind(record.session_id, nextAttempt(record.episode_id), { restored: true });
+      this.#restoredOwners.set(record.session_id, record.owner);
     }
     for (const [sessionId, raw] of undecoded) this.#undecoded.set(sessionId, raw);
     this.#wake();
@@ -506,15 +556,32 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     return this.#sessions.pendingEpisodes();
   }
 
+  /** How many episodes `restoredPending` lists, without listing them. */
+  get restoredPendingCount(): number {
+    return this.#sessions.pendingEpisodeCount;
+  }
+
+  /** The sessions tracked here, each marked when it is a restored copy no request used yet. */
+  sessionCopies(): { id: string; unused: boolean }[] {
+    if (this.mode !== 'exported') return [];
+    return [...this.#sessions.all()].map((s) => ({ id: s.id, unused: s.pending }));
+  }
+
+  /**
+   * Frees restored copies no request used, because another worker's copy of the session is live
+   * (it was seeded again there); a copy used meanwhile is kept.
+   */
+  async freeUnused(sessionIds: readonly string[]): Promise<void> {
+    const unused = sessionIds.flatMap((id) => {
+      const session = this.#sessions.get(id);
+      return session?.pending ? [session] : [];
+    });
+    await this.#freeAll(unused);
+  }
+
   /** Frees the episode's unclaimed restored sessions; refuses nothing later. */
   override async deleteRestored(episode: EpisodeId): Promise<void> {
-    await Promise.all(
-      this.#sessions.pendingOf(episode).map(async (session) => {
-        await this.#retireState(session);
-        this.#free(session);
-      }),
-    );
-    this.#wake();
+    await this.#freeAll(this.#sessions.pendingOf(episode));
   }
 
   // --- retire and forget ---------------------------------------------------------------------------
@@ -534,8 +601,13 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     this.#wake();
     const tracked = (s: TrackedSession): boolean => this.#sessions.get(s.id) === s;
     await this.gate.until(() => sessions.every((s) => s.inflight === 0 || !tracked(s)));
+    await this.#freeAll(sessions.filter(tracked));
+  }
+
+  /** Frees each session's state through the hook, then stops tracking it. */
+  async #freeAll(sessions: readonly TrackedSession[]): Promise<void> {
     await Promise.all(
-      sessions.filter(tracked).map(async (session) => {
+      sessions.map(async (session) => {
         await this.#retireState(session);
         this.#free(session);
       }),
@@ -553,6 +625,7 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
   #free(session: TrackedSession): void {
     if (this.#sessions.get(session.id) !== session) return;
     this.#undecoded.delete(session.id);
+    this.#restoredOwners.delete(session.id);
     this.#sessions.remove(session.id);
     this.#onSessionFreed?.(session.id);
   }

@@ -46,6 +46,11 @@ export class SessionTable {
     return this.#byId.size;
   }
 
+  /** Episodes holding restored sessions no request used yet. */
+  get pendingEpisodeCount(): number {
+    return this.#pendingByKey.size;
+  }
+
   /** Tracked sessions whose attempt was retired and that are not freed yet. */
   get fencedCount(): number {
     return this.#fenced;

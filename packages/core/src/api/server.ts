@@ -249,6 +249,31 @@ export {
   type RuntimeDir,
 } from '../workers/runtime-dir.js';
 export {
+  isRoutingId,
+  newRoutingId,
+  ownedName,
+  parseOwnedName,
+  type RoutingTables,
+  type SessionRef,
+  sessionTarget,
+} from '../workers/session-owners.js';
+export {
+  type OneCopy,
+  oneCopyPerSession,
+  type Placement,
+  type PlacementInput,
+  type PlacementWorker,
+  placeSessions,
+  type SessionCopy,
+} from '../workers/session-placement.js';
+export {
+  type RoutingState,
+  type SessionOf,
+  SessionRouter,
+  type SessionRouterOptions,
+  workerSocketPath,
+} from '../workers/session-router.js';
+export {
   type ChannelError,
   type ChannelHandler,
   type ChannelMessage,
@@ -263,6 +288,7 @@ export {
   MESSAGE_TIMEOUT_MS,
   type NumberedReport,
   REPLY_GRACE_MS,
+  RUNTIME_DIR_ENV,
   type WorkerAdmissionRequest,
   WORKER_INDEX_ENV,
   type WorkerInfo,

@@ -97,6 +97,7 @@ export async function readAndInstall<R extends CheckpointRecord>(
     await participant.closeAdmission(admission);
     watch.lap('close_admission');
     await runCutRound(participant, admission, watch);
+    participant.restoreManifest?.(manifest);
     install = installs.start(() => participant.install(records, req.episode_ids));
     await bound(install.promise);
     watch.lap('install');

@@ -6,7 +6,7 @@
  * HTTP itself. A worker that dies is not restarted (a restore is refused once a worker left);
  * closing stops every worker cleanly, then the coordinator.
  */
-import cluster, { type Worker } from 'node:cluster';
+import cluster, { type Address, type Worker } from 'node:cluster';
 import { join } from 'node:path';
 
 import { ControlPlane } from '../control/plane.js';
@@ -18,7 +18,7 @@ import { GymMetrics, type MetricsJson, metricsObserver } from '../telemetry/metr
 import type { WorkerCoordinator } from './coordinator.js';
 import { serveCoordinator } from './coordinator-server.js';
 import { createRuntimeDir } from './runtime-dir.js';
-import { COORDINATOR_SOCKET_ENV, WORKER_INDEX_ENV } from './types.js';
+import { COORDINATOR_SOCKET_ENV, RUNTIME_DIR_ENV, WORKER_INDEX_ENV } from './types.js';
 import { WorkerLink } from './worker-link.js';
 
 /** Where the running server listens: what its listening line prints. */
@@ -57,7 +57,7 @@ export async function startWorkers(options: StartWorkersOptions): Promise<Primar
   const { settings, checkpoint, coordinator, logger } = options;
   const dir = createRuntimeDir();
   let stopCoordinator = async (): Promise<void> => {};
-  const env: Record<string, string> = {};
+  const env: Record<string, string> = { [RUNTIME_DIR_ENV]: dir.path };
   if (checkpoint && coordinator) {
     const metrics = coordinatorMetrics(settings, coordinator);
     const plane = new ControlPlane(coordinator, {
@@ -137,11 +137,15 @@ function forkWorkers(
     for (let index = 1; index <= settings.numWorkers; index += 1) {
       const worker = cluster.fork({ ...env, [WORKER_INDEX_ENV]: String(index) });
       workers.push(worker);
-      worker.once('listening', (address) => {
+      const onListening = (address: Address): void => {
+        // A worker's own Unix socket (session routing) is not the server's port.
+        if (address.addressType === -1) return;
+        worker.off('listening', onListening);
         port = address.port;
         listening += 1;
         if (listening === settings.numWorkers) resolve({ workers, port });
-      });
+      };
+      worker.on('listening', onListening);
       worker.once('exit', (code, signal) => {
         const meta = { worker: index, pid: worker.process.pid, code, signal };
         if (listening < settings.numWorkers) {

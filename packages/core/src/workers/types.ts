@@ -178,3 +178,5 @@ export const REPLY_GRACE_MS = 10_000;
 /** The environment variables through which the primary hands each forked worker its link. */
 export const COORDINATOR_SOCKET_ENV = 'CKPT_GYM_COORDINATOR_SOCKET';
 export const WORKER_INDEX_ENV = 'CKPT_GYM_WORKER_INDEX';
+/** The server's runtime directory, where each worker serves its own socket (session routing). */
+export const RUNTIME_DIR_ENV = 'CKPT_GYM_RUNTIME_DIR';

@@ -1,0 +1,259 @@
+/**
+ * Routes each request for a session to the worker that owns it. Every worker of a server with
+ * several workers also serves its app on a Unix socket of its own in the server's runtime
+ * directory (`<routing id>.sock`); a worker that receives a request for a session another worker
+ * owns forwards it there, the body and the reply streamed both ways unchanged (event streams
+ * included), and a request that arrived over a worker's own socket is always served there, so a
+ * request is forwarded at most once. Generic over how a request names its session (`sessionOf`).
+ * docs/workers.md has the choice and its measured cost.
+ */
+import {
+  type Agent,
+  request as httpRequest,
+  type IncomingMessage,
+  type OutgoingHttpHeaders,
+  type RequestListener,
+  type Server,
+  type ServerResponse,
+  createServer,
+  Agent as HttpAgent,
+} from 'node:http';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
+
+import type { NextFunction, Request, RequestHandler, Response } from 'express';
+
+import { type CkptGymError, OverloadedError, UpstreamError } from '../errors.js';
+import type { JsonObject } from '../json.js';
+import type { Logger } from '../logging.js';
+import { keepIdleConnections } from '../server.js';
+import {
+  isRoutingId,
+  type RoutingTables,
+  type SessionRef,
+  sessionTarget,
+} from './session-owners.js';
+
+/** How a request names its session (a signed cookie, a bearer token, …); undefined: none. */
+export type SessionOf = (req: IncomingMessage) => SessionRef | undefined;
+
+export interface SessionRouterOptions {
+  /** This worker's routing id (`newRoutingId`). */
+  readonly routingId: string;
+  /** The server's runtime directory, where every worker's socket is. */
+  readonly socketDir: string;
+  readonly sessionOf: SessionOf;
+  readonly logger: Logger;
+}
+
+/** The routing tables as a coordinator hands them to its workers (join and open state, install). */
+export interface RoutingState {
+  readonly aliases: Record<string, string>;
+  readonly placements: Record<string, string>;
+}
+
+/** Marks a request that came over a worker's own socket: it is served there, never forwarded. */
+const FORWARDED = Symbol('forwarded to this worker by another');
+
+/** Each hop frames its own connection and body. */
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'upgrade']);
+const REPLY_HOP_BY_HOP = new Set([...HOP_BY_HOP, 'transfer-encoding']);
+/** A connect that says the owner's worker is gone: no socket file, or nobody listening on it. */
+const GONE = new Set(['ENOENT', 'ECONNREFUSED']);
+
+export function workerSocketPath(socketDir: string, routingId: string): string {
+  return join(socketDir, `${routingId}.sock`);
+}
+
+/** Raw header pairs without the names in `drop` (lower case), as `writeHead` and `request` take them. */
+function withoutHeaders(raw: readonly string[], drop: ReadonlySet<string>): string[] {
+  const kept: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) {
+    if (!drop.has(raw[i]!.toLowerCase())) kept.push(raw[i]!, raw[i + 1]!);
+  }
+  return kept;
+}
+
+/** A reply's headers without hop-by-hop ones; repeated `set-cookie` headers stay separate. */
+function replyHeaders(reply: IncomingMessage): OutgoingHttpHeaders {
+  const headers: OutgoingHttpHeaders = {};
+  for (const [name, value] of Object.entries(reply.headers)) {
+    if (!REPLY_HOP_BY_HOP.has(name)) headers[name] = value;
+  }
+  return headers;
+}
+
+function sendError(res: ServerResponse, err: CkptGymError): void {
+  const body = JSON.stringify(err.toBody());
+  res.writeHead(err.status, {
+    'content-type': 'application/json; charset=utf-8',
+    'content-length': Buffer.byteLength(body),
+  });
+  res.end(body);
+}
+
+export class SessionRouter {
+  readonly routingId: string;
+  readonly #options: SessionRouterOptions;
+  readonly #aliases = new Map<string, string>();
+  #placements = new Map<string, string>();
+  readonly #gone = new Set<string>();
+  /** One keep-alive pool per owner's socket, for the life of this worker. */
+  readonly #agents = new Map<string, Agent>();
+  #server: Server | undefined;
+
+  constructor(options: SessionRouterOptions) {
+    if (!isRoutingId(options.routingId)) {
+      throw new Error(`not a routing id: ${options.routingId}`);
+    }
+    this.routingId = options.routingId;
+    this.#options = options;
+  }
+
+  /** The tables `sessionTarget` resolves by. */
+  get tables(): RoutingTables {
+    return {
+      self: this.routingId,
+      aliases: this.#aliases,
+      placements: this.#placements,
+      gone: this.#gone,
+    };
+  }
+
+  /**
+   * Adopts a restore's tables: aliases accumulate (a cookie may name an owner from any earlier
+   * run), placements are replaced (they cover the sessions the last restore placed).
+   */
+  adopt(state: RoutingState): void {
+    for (const [owner, to] of Object.entries(state.aliases)) this.#aliases.set(owner, to);
+    this.#placements = new Map(Object.entries(state.placements));
+  }
+
+  /** The tables as JSON, for a coordinator's join and open state. */
+  static state(
+    aliases: ReadonlyMap<string, string>,
+    placements: ReadonlyMap<string, string>,
+  ): JsonObject {
+    return { aliases: Object.fromEntries(aliases), placements: Object.fromEntries(placements) };
+  }
+
+  /** The first middleware of the worker's app: forwards what another worker owns, else `next`. */
+  middleware(): RequestHandler {
+    return (req: Request, res: Response, next: NextFunction) => {
+      const forwarded = (req as unknown as Record<symbol, boolean>)[FORWARDED] === true;
+      const target = forwarded
+        ? undefined
+        : sessionTarget(this.#options.sessionOf(req), this.tables);
+      if (target === undefined) next();
+      else this.#forward(target, req, res, next);
+    };
+  }
+
+  /** Serves `app` on this worker's own socket, for requests other workers forward here. */
+  async listen(app: RequestListener): Promise<void> {
+    const path = workerSocketPath(this.#options.socketDir, this.routingId);
+    const server = createServer((req, res) => {
+      (req as unknown as Record<symbol, boolean>)[FORWARDED] = true;
+      app(req, res);
+    });
+    keepIdleConnections(server);
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      // Exclusive: in a cluster worker the socket is this process's own, not a handle the primary
+      // shares (a dead worker's socket then refuses, and nothing passes through the primary).
+      server.listen({ path, exclusive: true }, () => {
+        server.off('error', reject);
+        resolve();
+      });
+    });
+    this.#server = server;
+  }
+
+  /** Stops this worker's socket (requests in flight finish) and its pools to other workers. */
+  async close(): Promise<void> {
+    for (const agent of this.#agents.values()) agent.destroy();
+    this.#agents.clear();
+    const server = this.#server;
+    if (!server) return;
+    await new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      server.closeIdleConnections();
+    });
+    rmSync(workerSocketPath(this.#options.socketDir, this.routingId), { force: true });
+  }
+
+  #agent(owner: string): Agent {
+    let agent = this.#agents.get(owner);
+    if (!agent) {
+      agent = new HttpAgent({ keepAlive: true });
+      this.#agents.set(owner, agent);
+    }
+    return agent;
+  }
+
+  /**
+   * Streams the request to the owner's socket and its reply back. The body is read only once the
+   * owner's socket is connected, so an owner found gone leaves it unread and the request is
+   * served here, as a new session would be.
+   */
+  #forward(owner: string, req: IncomingMessage, res: ServerResponse, next: NextFunction): void {
+    const out = httpRequest({
+      socketPath: workerSocketPath(this.#options.socketDir, owner),
+      agent: this.#agent(owner),
+      method: req.method,
+      path: req.url,
+      headers: withoutHeaders(req.rawHeaders, HOP_BY_HOP) as unknown as Record<string, string>,
+    });
+    let sent = false;
+    const send = (): void => {
+      sent = true;
+      req.pipe(out);
+    };
+    out.once('socket', (socket) => {
+      if (socket.connecting) socket.once('connect', send);
+      else send();
+    });
+    out.once('response', (reply) => {
+      res.writeHead(reply.statusCode ?? 502, replyHeaders(reply));
+      reply.pipe(res);
+      reply.once('error', () => res.destroy());
+    });
+    // The caller went away: so does the forwarded request.
+    res.once('close', () => {
+      if (!res.writableFinished) out.destroy();
+    });
+    out.once('error', (err: NodeJS.ErrnoException) => {
+      if (res.headersSent) {
+        res.destroy();
+      } else if (!sent && GONE.has(err.code ?? '')) {
+        this.#ownerGone(owner, err);
+        next();
+      } else if (err.code === 'EAGAIN') {
+        sendError(
+          res,
+          new OverloadedError(
+            `the worker that owns this session is overloaded; retry with backoff`,
+          ),
+        );
+      } else {
+        sendError(
+          res,
+          new UpstreamError(`could not reach the worker that owns this session: ${err.message}`),
+        );
+      }
+    });
+  }
+
+  #ownerGone(owner: string, err: NodeJS.ErrnoException): void {
+    this.#gone.add(owner);
+    this.#agents.get(owner)?.destroy();
+    this.#agents.delete(owner);
+    this.#options.logger.warn(
+      'the worker that owned a session is gone; its sessions are served here as new',
+      {
+        owner,
+        error: err.code,
+      },
+    );
+  }
+}

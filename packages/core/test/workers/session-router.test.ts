@@ -1,0 +1,151 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import { createServer, request, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+import express, { type Express } from 'express';
+
+import { createLogger } from '../../src/logging.js';
+import { newRoutingId, ownedName, parseOwnedName } from '../../src/workers/session-owners.js';
+import { SessionRouter } from '../../src/workers/session-router.js';
+
+const logger = createLogger({ server: 'router-test', kind: 'resources', level: 'error' });
+const SESSION_HEADER = 'x-test-session';
+
+interface Worker {
+  readonly id: string;
+  readonly router: SessionRouter;
+  readonly server: Server;
+  readonly port: number;
+}
+
+let dir = '';
+const workers: Worker[] = [];
+
+beforeEach(() => {
+  dir = mkdtempSync('/tmp/cgt-');
+});
+afterEach(async () => {
+  for (const w of workers.splice(0)) {
+    await w.router.close();
+    await new Promise<void>((resolve) => {
+      w.server.close(() => resolve());
+      w.server.closeAllConnections();
+    });
+  }
+  rmSync(dir, { recursive: true, force: true });
+});
+
+/** A worker whose app answers which worker served, the body it read, and an event stream. */
+async function worker(): Promise<Worker> {
+  const id = newRoutingId();
+  const router = new SessionRouter({
+    routingId: id,
+    socketDir: dir,
+    sessionOf: (req) => {
+      const name = req.headers[SESSION_HEADER] as string | undefined;
+      return name === undefined ? undefined : parseOwnedName(name);
+    },
+    logger,
+  });
+  const app: Express = express();
+  app.use(router.middleware());
+  app.post('/echo', express.text({ type: '*/*', limit: '4mb' }), (req, res) => {
+    res.setHeader('set-cookie', ['a=1', 'b=2']);
+    res.status(201).json({ served_by: id, body: req.body as string });
+  });
+  app.get('/events', (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.write(`data: first from ${id}\n\n`);
+    // The second event only once the caller saw the first: the stream is not buffered.
+    res.once('release', () => res.end('data: last\n\n'));
+    (globalThis as Record<string, unknown>).release = () => res.emit('release');
+  });
+  await router.listen(app);
+  const server = createServer(app);
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const w = { id, router, server, port: (server.address() as AddressInfo).port };
+  workers.push(w);
+  return w;
+}
+
+function post(w: Worker, session: string | undefined, body: string) {
+  return new Promise<{ status: number; json: Record<string, unknown>; cookies: string[] }>(
+    (resolve, reject) => {
+      const headers: Record<string, string> = { 'content-type': 'text/plain' };
+      if (session !== undefined) headers[SESSION_HEADER] = session;
+      const req = request({ port: w.port, method: 'POST', path: '/echo', headers }, (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => (text += c));
+        res.on('end', () =>
+          resolve({
+            status: res.statusCode!,
+            json: JSON.parse(text) as Record<string, unknown>,
+            cookies: res.headers['set-cookie'] ?? [],
+          }),
+        );
+      });
+      req.on('error', reject);
+      req.end(body);
+    },
+  );
+}
+
+describe('SessionRouter', () => {
+  it('the router forwards to the owner and serves its own locally', async () => {
+    const [a, b] = [await worker(), await worker()];
+    const big = 'x'.repeat(1 << 20);
+    const forwarded = await post(a, ownedName({ id: 's1', owner: b.id }), big);
+    expect(forwarded.status).toBe(201);
+    expect(forwarded.cookies).toEqual(['a=1', 'b=2']);
+    expect(forwarded.json.served_by).toBe(b.id);
+    // Compared whole but reported short: a mismatch would print a megabyte.
+    expect(forwarded.json.body === big).toBe(true);
+    expect((await post(a, ownedName({ id: 's2', owner: a.id }), 'own')).json.served_by).toBe(a.id);
+    expect((await post(b, ownedName({ id: 's3', owner: a.id }), 'back')).json.served_by).toBe(a.id);
+    expect((await post(a, undefined, 'new')).json.served_by).toBe(a.id);
+  });
+
+  it('a request for an aliased owner reaches the worker the alias names', async () => {
+    const [a, b] = [await worker(), await worker()];
+    const dead = newRoutingId();
+    a.router.adopt({ aliases: { [dead]: b.id }, placements: { plain: b.id } });
+    expect((await post(a, ownedName({ id: 's1', owner: dead }), 'x')).json.served_by).toBe(b.id);
+    expect((await post(a, 'plain', 'x')).json.served_by).toBe(b.id);
+  });
+
+  it('an event stream is forwarded as it is written, not buffered to its end', async () => {
+    const [a, b] = [await worker(), await worker()];
+    const chunks: string[] = [];
+    await new Promise<void>((resolve, reject) => {
+      const req = request(
+        {
+          port: a.port,
+          path: '/events',
+          headers: { [SESSION_HEADER]: ownedName({ id: 's', owner: b.id }) },
+        },
+        (res) => {
+          res.setEncoding('utf8');
+          res.on('data', (chunk: string) => {
+            chunks.push(chunk);
+            if (chunks.length === 1)
+              ((globalThis as Record<string, unknown>).release as () => void)();
+          });
+          res.on('end', () => resolve());
+        },
+      );
+      req.on('error', reject);
+      req.end();
+    });
+    expect(chunks.join('')).toBe(`data: first from ${b.id}\n\ndata: last\n\n`);
+  });
+
+  it('an owner whose worker is gone is served here, body intact, as a new session would be', async () => {
+    const a = await worker();
+    const b = await worker();
+    await b.router.close();
+    const reply = await post(a, ownedName({ id: 's1', owner: b.id }), 'kept');
+    expect(reply.json).toEqual({ served_by: a.id, body: 'kept' });
+    expect(a.router.tables.gone.has(b.id)).toBe(true);
+  });
+});
