@@ -578,8 +578,8 @@ describe('checkpointing limits', () => {
 
   it('reports every problem of a file at once', () => {
     const agent = 'agent: { kind: agent, app: simple, port: 8104, num_workers: 3 }';
-    const tools = 'tools: { kind: resources, app: weather, port: 8105, num_workers: 2 }';
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, tools, mcp] }));
+    const second = 'agent2: { kind: agent, app: simple, port: 8105, num_workers: 2 }';
+    const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, second, mcp] }));
     expect(err.message.split('\n')).toHaveLength(2);
   });
 });
