@@ -15,7 +15,7 @@ import {
   SimpleSpanProcessor,
 } from '@opentelemetry/sdk-trace-base';
 
-import { type SpanRecorder, startServerSpan } from '../../src/telemetry/server-span.js';
+import { SpanBatch, type SpanRecorder, startServerSpan } from '../../src/telemetry/server-span.js';
 
 const CALLER = { traceId: 'ab'.repeat(16), spanId: 'cd'.repeat(8), traceFlags: 1, isRemote: true };
 
@@ -27,6 +27,7 @@ function recorderWith(sampler: Sampler = new AlwaysOnSampler()) {
     sampler,
     processor: new SimpleSpanProcessor(exporter),
     ids: new RandomIdGenerator(),
+    batch: new SpanBatch(),
   };
   return { recorder, exported: () => exporter.getFinishedSpans() };
 }
