@@ -8,14 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { jest } from '@jest/globals';
 import { SpanStatusCode } from '@opentelemetry/api';
 import { hrTimeToMilliseconds } from '@opentelemetry/core';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import {
-  AlwaysOnSampler,
-  InMemorySpanExporter,
-  RandomIdGenerator,
-  type ReadableSpan,
-  SimpleSpanProcessor,
-} from '@opentelemetry/sdk-trace-base';
+import { AlwaysOnSampler, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 
 import { episodeId } from '../../src/identity.js';
 import { ATTR_CAPTURE_KEY, RequestSpan } from '../../src/telemetry/request-spans.js';
@@ -23,8 +16,8 @@ import {
   SPAN_BATCH_DELAY_MS,
   SPAN_BATCH_SIZE,
   SpanBatch,
-  type SpanRecorder,
 } from '../../src/telemetry/server-span.js';
+import { recorderWith } from './recorder.js';
 import { useInMemoryTracing } from './spans.js';
 
 // The API's global propagator (W3C trace context), as a running process has it.
@@ -32,24 +25,15 @@ useInMemoryTracing();
 
 const CALLER = `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-01`;
 
-function recorderWith() {
-  const exporter = new InMemorySpanExporter();
+function spiedRecorder() {
   const sampler = new AlwaysOnSampler();
   const sampled = jest.spyOn(sampler, 'shouldSample');
-  const recorder: SpanRecorder = {
-    resource: resourceFromAttributes({ 'service.name': 'unit' }),
-    scope: { name: 'ckpt-gym', version: undefined, schemaUrl: undefined },
-    sampler,
-    processor: new SimpleSpanProcessor(exporter),
-    ids: new RandomIdGenerator(),
-    batch: new SpanBatch(),
-  };
-  return { recorder, sampled, exported: () => exporter.getFinishedSpans() };
+  return { ...recorderWith(sampler), sampled };
 }
 
 describe('a request span', () => {
   it('is started by its first call’s trace headers, which name it, and ended once', () => {
-    const { recorder, sampled, exported } = recorderWith();
+    const { recorder, sampled, exported } = spiedRecorder();
     const request = new RequestSpan(recorder, 'POST', '/run', { traceparent: CALLER }, undefined);
     expect(sampled).not.toHaveBeenCalled();
     const headers = request.traceHeaders();
@@ -64,7 +48,7 @@ describe('a request span', () => {
   });
 
   it('without a call is started at its end, timed from the request’s start, with its status', async () => {
-    const { recorder, sampled, exported } = recorderWith();
+    const { recorder, sampled, exported } = spiedRecorder();
     const episode = episodeId('r-1', 2);
     const opened = Date.now();
     const request = new RequestSpan(recorder, 'POST', '/verify', { traceparent: CALLER }, episode);
