@@ -45,7 +45,7 @@ import { otlpSink } from './lib/otlp-sink.mjs';
 import { percentiles } from './lib/percentile.mjs';
 import { cpuProfileEnv, serverProfiles, toggleProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
-import { difference, episodeBody, serverCpuMs } from './lib/stack.mjs';
+import { difference, episodeBody, nativeStackYaml, serverCpuMs } from './lib/stack.mjs';
 
 const { values: flags } = parseArgs({
   options: {
@@ -71,7 +71,6 @@ const WARMUP = Math.min(50, ROLLOUTS);
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/throughput.json'));
 const PROFILE_DIR = join(dirname(OUT), 'throughput-profiles');
-const TOKEN = 'bench-throughput-token';
 
 const STACKS = flags.telemetry
   ? [
@@ -86,21 +85,6 @@ const STACKS = flags.telemetry
     ].filter((stack) => !(flags['no-capture'] && stack.capture));
 /** With --telemetry: where the servers of a stack with telemetry on send their spans. */
 const sink = flags.telemetry ? await otlpSink() : undefined;
-
-function stackYaml(inferencePort, { checkpoint, capture }) {
-  const policyFlags = checkpoint
-    ? ', checkpoint_policy: true, checkpoint_generation_cuts: true'
-    : '';
-  return `${checkpoint ? `checkpoint: { enabled: true, control_auth_token: ${TOKEN} }\n` : ''}${
-    capture ? 'token_capture: { enabled: true, dir: ./capture }\n' : ''
-  }servers:
-  inference: { kind: inference, app: fake, port: ${inferencePort}, script: weather }
-  policy: { kind: model, app: policy, port: 0, backend_url: "http://127.0.0.1:${inferencePort}/v1"${policyFlags} }
-  weather: { kind: resources, app: weather, port: 0 }
-  simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
-  env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
-`;
-}
 
 /**
  * Runs `count` rollouts named `${prefix}-<i>`, `CONCURRENCY` at a time; their latencies in ms, by
@@ -172,7 +156,7 @@ function profileDir(stack, round) {
 async function measure(clients, stack, round) {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-throughput-'));
   const source = join(runDir, 'stack.source.yaml');
-  writeFileSync(source, stackYaml(await freePort('127.0.0.1'), stack));
+  writeFileSync(source, nativeStackYaml(await freePort('127.0.0.1'), stack));
   const profiles = flags.profile ? profileDir(stack, round) : undefined;
   const env = {
     ...process.env,

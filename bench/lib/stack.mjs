@@ -18,6 +18,26 @@ export function episodeBody(rolloutId, attempt, taskset = 'scale') {
 }
 
 /**
+ * The native stack the throughput benchmarks run (fake backend with no latency, policy model,
+ * weather resources, Simple Agent, single_agent_turn environment), checkpointing and token
+ * capture on or off.
+ */
+export function nativeStackYaml(inferencePort, { checkpoint, capture }) {
+  const policyFlags = checkpoint
+    ? ', checkpoint_policy: true, checkpoint_generation_cuts: true'
+    : '';
+  return `${checkpoint ? 'checkpoint: { enabled: true, control_auth_token: bench-throughput-token }\n' : ''}${
+    capture ? 'token_capture: { enabled: true, dir: ./capture }\n' : ''
+  }servers:
+  inference: { kind: inference, app: fake, port: ${inferencePort}, script: weather }
+  policy: { kind: model, app: policy, port: 0, backend_url: "http://127.0.0.1:${inferencePort}/v1"${policyFlags} }
+  weather: { kind: resources, app: weather, port: 0 }
+  simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
+  env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
+`;
+}
+
+/**
  * CPU time (ms) of each gym server process so far, from /proc (Linux): `total` (user + system) and
  * `kernel` (system only).
  */

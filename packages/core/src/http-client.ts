@@ -9,13 +9,13 @@ import { Agent } from 'node:http';
 import got, { type BeforeRequestHook, type Got, HTTPError, RequestError, type Response } from 'got';
 
 import { ConfigError, type ErrorCode, isErrorCode, UpstreamError } from './errors.js';
-import { injectTraceContext } from './telemetry/tracing.js';
 import {
   DEFAULT_CONTROL_CONNECTION_LIMIT,
   DEFAULT_CONTROL_CONNECTION_LIMIT_PER_HOST,
   type PoolLimits,
 } from './settings.js';
 import { currentRequestScope, REQUEST_ID_HEADER } from './telemetry/request-id.js';
+import { injectTraceContext } from './telemetry/request-spans.js';
 
 /** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
 export const KEEP_ALIVE_IDLE_MS = 15_000;

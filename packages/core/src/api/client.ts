@@ -59,5 +59,5 @@ export {
   tracingPlan,
   type TracingPlan,
   TRACER_NAME,
-  withTraceContext,
 } from '../telemetry/tracing.js';
+export { withTraceContext } from '../telemetry/request-spans.js';

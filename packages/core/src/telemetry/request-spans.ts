@@ -2,8 +2,27 @@
  * One server span per data-plane request, opened by the route's first handler: its parent is the
  * caller's `traceparent` (so one rollout's calls from environment to agent to policy and resources
  * are one trace), named `<METHOD> <route template>` as the HTTP conventions name server spans.
+ *
+ * A request's span is started only when something needs it: its first call to another server
+ * (which carries the span's `traceparent` on), else the batch it ends in. The request itself pays
+ * for one small object held by its scope (`request-id.ts`) and two clock readings; taking the
+ * caller's context from the headers, sampling, the ids, the span and handing it to the span
+ * processor run a batch of requests at a time, where that code stays warm (in the whole stack,
+ * run cold once per request, it cost several times its hot-loop time: docs/telemetry.md, Cost).
+ * The span is not made the active one in the handlers' context: no SDK span starts inside a
+ * data-plane request, and its calls take their trace headers from the scope.
  */
-import { type Attributes, context, SpanStatusCode, trace } from '@opentelemetry/api';
+import type { IncomingHttpHeaders } from 'node:http';
+
+import {
+  type Attributes,
+  context,
+  propagation,
+  ROOT_CONTEXT,
+  type Span,
+  SpanStatusCode,
+  trace,
+} from '@opentelemetry/api';
 import {
   ATTR_HTTP_REQUEST_METHOD,
   ATTR_HTTP_RESPONSE_STATUS_CODE,
@@ -11,39 +30,113 @@ import {
 } from '@opentelemetry/semantic-conventions';
 import type { RequestHandler } from 'express';
 
-import { captureKey, requestEpisode } from '../identity.js';
-import { startServerSpan } from './server-span.js';
-import { callerContext, spanRecorder } from './tracing.js';
+import { captureKey, type EpisodeId, requestEpisode } from '../identity.js';
+import { currentRequestScope } from './request-id.js';
+import { nowMs, type SpanRecorder, startServerSpan } from './server-span.js';
+import { spanRecorder, tracingOn } from './tracing.js';
 
 /** The episode a data-plane request is part of (its `/ng-rollout/<key>` prefix). */
 export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
 
+/** A data-plane request's server span, started on first need (see the file comment). */
+export class RequestSpan {
+  readonly #startMs = nowMs();
+  #span: Span | undefined;
+  #traceHeaders: Readonly<Record<string, string>> | undefined;
+
+  constructor(
+    readonly recorder: SpanRecorder,
+    readonly method: string,
+    readonly route: string,
+    /** The request's headers: the caller's trace context, read when the span starts. */
+    readonly callerHeaders: IncomingHttpHeaders,
+    readonly episode: EpisodeId | undefined,
+  ) {}
+
+  /** The span, started from the request's start time under the caller's trace context. */
+  span(): Span {
+    if (this.#span !== undefined) return this.#span;
+    const attributes: Attributes = {
+      [ATTR_HTTP_REQUEST_METHOD]: this.method,
+      [ATTR_HTTP_ROUTE]: this.route,
+    };
+    if (this.episode !== undefined) attributes[ATTR_CAPTURE_KEY] = captureKey(this.episode);
+    const parent = propagation.extract(ROOT_CONTEXT, this.callerHeaders);
+    const name = `${this.method} ${this.route}`;
+    this.#span = startServerSpan(this.recorder, name, attributes, parent, this.#startMs);
+    return this.#span;
+  }
+
+  /** The trace headers the request's calls carry (`traceparent`, `tracestate`), built once. */
+  traceHeaders(): Readonly<Record<string, string>> {
+    if (this.#traceHeaders === undefined) {
+      const headers: Record<string, string> = {};
+      propagation.inject(trace.setSpan(ROOT_CONTEXT, this.span()), headers);
+      this.#traceHeaders = headers;
+    }
+    return this.#traceHeaders;
+  }
+
+  /**
+   * Ends the span with the reply's status (a 5xx marks it failed) at this time, with the process's
+   * next batch of ended request spans (`SpanBatch`).
+   */
+  end(statusCode: number): void {
+    const endMs = nowMs();
+    this.recorder.batch.add(() => {
+      const span = this.span();
+      span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, statusCode);
+      if (statusCode >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
+      span.end(endMs);
+    });
+  }
+}
+
 /**
- * The route's first handler: opens the request's span (when tracing is on) and ends it when the
- * response closes, with the status; a 5xx marks it failed. Never answers.
+ * The route's first handler: while tracing is on, gives the request its span, ended when the
+ * response closes, and held by the request's scope (a gym app's first middleware) for the calls
+ * its work makes. Never answers.
  */
 export function traceRequest(route: string): RequestHandler {
   return (req, res, next) => {
     const recorder = spanRecorder();
-    if (recorder === undefined) {
-      next();
-      return;
+    if (recorder !== undefined) {
+      const span = new RequestSpan(recorder, req.method, route, req.headers, requestEpisode(req));
+      const scope = currentRequestScope();
+      if (scope !== undefined) scope.span = span;
+      res.once('close', () => span.end(res.statusCode));
     }
-    const episode = requestEpisode(req);
-    const parent = callerContext(req.headers);
-    const attributes: Attributes = {
-      [ATTR_HTTP_REQUEST_METHOD]: req.method,
-      [ATTR_HTTP_ROUTE]: route,
-    };
-    if (episode !== undefined) attributes[ATTR_CAPTURE_KEY] = captureKey(episode);
-    const span = startServerSpan(recorder, `${req.method} ${route}`, attributes, parent);
-    res.once('close', () => {
-      span.setAttribute(ATTR_HTTP_RESPONSE_STATUS_CODE, res.statusCode);
-      if (res.statusCode >= 500) span.setStatus({ code: SpanStatusCode.ERROR });
-      span.end();
-    });
-    // The handlers after this one run in the span's context (body-parser keeps it across the
-    // body's socket events).
-    context.with(trace.setSpan(parent, span), next);
+    next();
   };
+}
+
+/**
+ * The trace headers a call made now carries: the active SDK span's (a control operation's, the
+ * CLI's), else the span of the request being served; none outside both or while tracing is off.
+ */
+function outgoingTraceHeaders(): Readonly<Record<string, string>> | undefined {
+  if (!tracingOn()) return undefined;
+  const active = context.active();
+  if (trace.getSpan(active) === undefined) return currentRequestScope()?.span?.traceHeaders();
+  const headers: Record<string, string> = {};
+  propagation.inject(active, headers);
+  return headers;
+}
+
+/**
+ * Writes the current trace context into outgoing `headers` (`traceparent`, `tracestate`): the got
+ * clients' `beforeRequest` hook, so every call a traced request makes joins its trace.
+ */
+export function injectTraceContext(headers: Record<string, unknown>): void {
+  const carried = outgoingTraceHeaders();
+  if (carried !== undefined) Object.assign(headers, carried);
+}
+
+/**
+ * `headers` with the current trace context added, for a call made without core's got clients (a
+ * copy while tracing is on; the same object, untouched, while it is off).
+ */
+export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
+  const carried = outgoingTraceHeaders();
+  return carried === undefined ? headers : { ...headers, ...carried };
 }

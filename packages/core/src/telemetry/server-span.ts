@@ -53,12 +53,40 @@ export interface SpanRecorder {
   readonly sampler: Sampler;
   readonly processor: SpanProcessor;
   readonly ids: IdGenerator;
+  /** Where ended request spans wait to be recorded (`request-spans.ts`). */
+  readonly batch: SpanBatch;
+}
+
+/** Ended request spans wait at most this long to be recorded... */
+export const SPAN_BATCH_DELAY_MS = 100;
+/** ...or until this many wait. */
+export const SPAN_BATCH_SIZE = 64;
+
+/**
+ * Work on ended request spans, run a batch at a time: when SPAN_BATCH_SIZE wait, SPAN_BATCH_DELAY_MS
+ * after the first of them, or at `flush` (tracing's shutdown). The timer never keeps a process up.
+ */
+export class SpanBatch {
+  #waiting: (() => void)[] = [];
+  #timer: NodeJS.Timeout | undefined;
+
+  add(work: () => void): void {
+    this.#waiting.push(work);
+    if (this.#waiting.length >= SPAN_BATCH_SIZE) this.flush();
+    else this.#timer ??= setTimeout(() => this.flush(), SPAN_BATCH_DELAY_MS).unref();
+  }
+
+  flush(): void {
+    clearTimeout(this.#timer);
+    this.#timer = undefined;
+    for (const work of this.#waiting.splice(0)) work();
+  }
 }
 
 const NONE: readonly never[] = Object.freeze([]);
 
 /** Now, in epoch milliseconds at the monotonic clock's resolution. */
-function nowMs(): number {
+export function nowMs(): number {
   return performance.timeOrigin + performance.now();
 }
 
@@ -84,11 +112,11 @@ class ServerSpan implements Span, ReadableSpan {
   status: SpanStatus = { code: SpanStatusCode.UNSET };
   #events: TimedEvent[] | undefined;
   #links: Link[] | undefined;
-  readonly #startMs = nowMs();
   #endMs = -1;
 
   readonly #recorder: SpanRecorder;
   readonly #context: SpanContext;
+  readonly #startMs: number;
 
   constructor(
     recorder: SpanRecorder,
@@ -96,9 +124,11 @@ class ServerSpan implements Span, ReadableSpan {
     context: SpanContext,
     readonly parentSpanContext: SpanContext | undefined,
     readonly attributes: Attributes,
+    startMs: number,
   ) {
     this.#recorder = recorder;
     this.#context = context;
+    this.#startMs = startMs;
   }
 
   spanContext(): SpanContext {
@@ -215,13 +245,15 @@ class ServerSpan implements Span, ReadableSpan {
 /**
  * Starts a server span under `parent` (the caller's context), sampled by the process's sampler as
  * the SDK's tracer would: a span the sampler drops is a non-recording one that still passes its
- * trace context on. `attributes` becomes the span's own.
+ * trace context on. `attributes` becomes the span's own. `startMs` (epoch milliseconds, default
+ * now) lets a request's span start when the request did, though it is made later (`request-spans.ts`).
  */
 export function startServerSpan(
   recorder: SpanRecorder,
   name: string,
   attributes: Attributes,
   parent: Context,
+  startMs = nowMs(),
 ): Span {
   if (isTracingSuppressed(parent)) return trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
   const parentContext = trace.getSpanContext(parent);
@@ -253,6 +285,7 @@ export function startServerSpan(
     context,
     valid ? parentContext : undefined,
     attributes,
+    startMs,
   );
   recorder.processor.onStart(span, parent);
   return span;

@@ -33,7 +33,7 @@ import { ATTR_SERVICE_NAME } from '@opentelemetry/semantic-conventions';
 
 import { ConfigError } from '../errors.js';
 import type { Env, TelemetrySettings } from '../settings.js';
-import type { SpanRecorder } from './server-span.js';
+import { SpanBatch, type SpanRecorder } from './server-span.js';
 
 /** The instrumentation scope of every span ckpt-gym makes. */
 export const TRACER_NAME = 'ckpt-gym';
@@ -175,12 +175,14 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
   const provider = new NodeTracerProvider({ resource, sampler, spanProcessors: [processor] });
   provider.register();
   const scope = { name: TRACER_NAME, version: undefined, schemaUrl: undefined };
-  const recorder = { resource, scope, sampler, processor, ids: new RandomIdGenerator() };
+  const batch = new SpanBatch();
+  const recorder = { resource, scope, sampler, processor, ids: new RandomIdGenerator(), batch };
   const tracing: Tracing = {
     serviceName: plan.serviceName,
     async shutdown() {
       if (running?.tracing !== tracing) return;
       running = undefined;
+      batch.flush();
       try {
         await provider.shutdown();
       } catch (err) {
@@ -267,42 +269,4 @@ export function spanRecorder(): SpanRecorder | undefined {
 /** The tracer while tracing is on. */
 export function gymTracer(): Tracer | undefined {
   return running?.tracer;
-}
-
-/**
- * The trace headers of each context calls were made in. A context is immutable and a request's
- * calls run in its span's one context, so its headers are built once (a request of the
- * environment makes six calls), not per call; entries go with their context.
- */
-const injectedHeaders = new WeakMap<Context, Readonly<Record<string, string>>>();
-
-/** The active context's trace headers (`traceparent`, `tracestate`), through the propagator. */
-function activeTraceHeaders(): Readonly<Record<string, string>> {
-  const active = context.active();
-  let headers = injectedHeaders.get(active);
-  if (headers === undefined) {
-    const built: Record<string, string> = {};
-    propagation.inject(active, built);
-    headers = built;
-    injectedHeaders.set(active, headers);
-  }
-  return headers;
-}
-
-/**
- * Writes the active trace context into outgoing `headers` (`traceparent`, `tracestate`): the got
- * clients' `beforeRequest` hook, so every call a traced request makes joins its trace.
- */
-export function injectTraceContext(headers: Record<string, unknown>): void {
-  if (running === undefined) return;
-  Object.assign(headers, activeTraceHeaders());
-}
-
-/**
- * `headers` with the active trace context added, for a call made without core's got clients (a
- * copy while tracing is on; the same object, untouched, while it is off).
- */
-export function withTraceContext<H extends Record<string, unknown>>(headers: H): H {
-  if (running === undefined) return headers;
-  return { ...headers, ...activeTraceHeaders() };
 }

@@ -8,15 +8,19 @@ import type { Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import { jest } from '@jest/globals';
-import { propagation, SpanKind, trace } from '@opentelemetry/api';
+import { propagation, SpanKind } from '@opentelemetry/api';
 import { hrTimeToMilliseconds } from '@opentelemetry/core';
 import express from 'express';
 
 import { createHttpClients, type HttpClients, postUpstream } from '../../src/http-client.js';
 import { captureKey, rolloutPrefixMiddleware } from '../../src/identity.js';
 import { gymRoute, type GymRoute, mountRoutes } from '../../src/route.js';
+import { requestTelemetry } from '../../src/telemetry/http.js';
+import { currentRequestScope } from '../../src/telemetry/request-id.js';
+import { GymMetrics } from '../../src/telemetry/metrics.js';
 import { ATTR_CAPTURE_KEY } from '../../src/telemetry/request-spans.js';
 import { inSpan } from '../../src/telemetry/tracing.js';
+import { captureLogLines } from '../support/log-lines.js';
 import { named, one, parentOf, traceId, useInMemoryTracing, waitForSpans } from './spans.js';
 
 useInMemoryTracing();
@@ -36,8 +40,11 @@ afterEach(() => {
   }
 });
 
+/** A server of `routes` behind the middleware every gym app starts with (the request's scope). */
 async function serve(routes: GymRoute[]): Promise<string> {
   const app = express();
+  const metrics = new GymMetrics({ server: 'traced', kind: 'agent' });
+  app.use(requestTelemetry(metrics, captureLogLines().logger));
   app.use(rolloutPrefixMiddleware());
   mountRoutes(app, routes);
   const server = app.listen(0, '127.0.0.1');
@@ -89,6 +96,18 @@ describe('data-plane spans', () => {
       'http.response.status_code': 200,
       [ATTR_CAPTURE_KEY]: 'r-1-a2',
     });
+  });
+
+  it('a route served without a gym app’s first middleware has its span too', async () => {
+    const app = express();
+    mountRoutes(app, [echoRoute()]);
+    const server = app.listen(0, '127.0.0.1');
+    servers.push(server);
+    await once(server, 'listening');
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    await clients.data.post(`${url}/v1/echo`, { json: {} });
+    await waitForSpans('POST /v1/echo', 1);
+    expect(one('POST /v1/echo').attributes['http.response.status_code']).toBe(200);
   });
 
   it('a call a route makes upstream carries its trace context: the downstream span is its child', async () => {
@@ -212,7 +231,7 @@ describe('data-plane spans with OTEL_TRACES_SAMPLER=always_off', () => {
       path: '/probe',
       episode: 'none',
       run: async ({ signal }) => {
-        const recording = trace.getActiveSpan()?.isRecording() ?? null;
+        const recording = currentRequestScope()?.span?.span().isRecording() ?? null;
         const reply = await postUpstream(clients.data, `${downstream}/v1/echo`, {
           json: {},
           signal,

@@ -4,32 +4,12 @@
  */
 import { ROOT_CONTEXT, type Span, SpanKind, SpanStatusCode, trace } from '@opentelemetry/api';
 import { hrTimeToMilliseconds, suppressTracing } from '@opentelemetry/core';
-import { resourceFromAttributes } from '@opentelemetry/resources';
-import {
-  AlwaysOffSampler,
-  AlwaysOnSampler,
-  InMemorySpanExporter,
-  RandomIdGenerator,
-  type ReadableSpan,
-  type Sampler,
-  SimpleSpanProcessor,
-} from '@opentelemetry/sdk-trace-base';
+import { AlwaysOffSampler, type ReadableSpan } from '@opentelemetry/sdk-trace-base';
 
-import { type SpanRecorder, startServerSpan } from '../../src/telemetry/server-span.js';
+import { startServerSpan } from '../../src/telemetry/server-span.js';
+import { recorderWith } from './recorder.js';
 
 const CALLER = { traceId: 'ab'.repeat(16), spanId: 'cd'.repeat(8), traceFlags: 1, isRemote: true };
-
-function recorderWith(sampler: Sampler = new AlwaysOnSampler()) {
-  const exporter = new InMemorySpanExporter();
-  const recorder: SpanRecorder = {
-    resource: resourceFromAttributes({ 'service.name': 'unit' }),
-    scope: { name: 'ckpt-gym', version: undefined, schemaUrl: undefined },
-    sampler,
-    processor: new SimpleSpanProcessor(exporter),
-    ids: new RandomIdGenerator(),
-  };
-  return { recorder, exported: () => exporter.getFinishedSpans() };
-}
 
 const fromCaller = trace.setSpanContext(ROOT_CONTEXT, CALLER);
 
