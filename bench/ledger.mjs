@@ -5,9 +5,13 @@
 //   attempt 0 retired. The per-key part of the 8,000-rollout restore's critical path.
 // - append: N rollouts, C at a time, each two model calls as the proxy makes them with capture on
 //   (read the rows for the call's parent, then append its row, durably).
+// - cleanup: the restore's one listing of the ledger directory, indexed by rollout
+//   (`listByRollout`), over a dead execution's files: by default 16,000 rollouts with six files
+//   each (96,000 files), the seed's measure (0.23 s there; issue 20's target 0.2 s).
 // CPU (user and kernel) is the figure to compare on a busy machine; wall time needs a quiet one.
 //
 //   npm run build && npm run bench -- ledger [--rollouts 8000] [--appends 2000] [--runs 3]
+//     [--cleanup-rollouts 16000] [--only restore,append,cleanup]
 //
 // Prints each run and the median, and writes bench/results/ledger.json (or --out).
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -26,6 +30,8 @@ const { values: flags } = parseArgs({
     appends: { type: 'string', default: '2000' },
     concurrency: { type: 'string', default: '64' },
     runs: { type: 'string', default: '3' },
+    'cleanup-rollouts': { type: 'string', default: '16000' },
+    only: { type: 'string', default: 'restore,append,cleanup' },
     out: { type: 'string' },
   },
 });
@@ -38,6 +44,12 @@ const ROLLOUTS = count('rollouts');
 const APPENDS = count('appends');
 const CONCURRENCY = count('concurrency');
 const RUNS = count('runs');
+const CLEANUP_ROLLOUTS = count('cleanup-rollouts');
+const PHASES = new Set(flags.only.split(','));
+for (const phase of PHASES) {
+  if (!['restore', 'append', 'cleanup'].includes(phase))
+    throw new Error(`--only: no phase ${phase}`);
+}
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/ledger.json'));
 const loadStart = loadavg();
@@ -93,13 +105,52 @@ async function appendRun(dir) {
   };
 }
 
+/** Each rollout's files as a dead execution may leave them: six per rollout, over two attempts. */
+const DEAD_FILES = [
+  '.lineage.jsonl',
+  '.lineage.retired',
+  '.lineage.started',
+  '.tokens.jsonl',
+  '.tokens.incomplete',
+];
+
+async function cleanupRun(dir) {
+  mkdirSync(join(dir, '.locks'), { recursive: true });
+  const rollouts = new Map();
+  for (let i = 0; i < CLEANUP_ROLLOUTS; i++) {
+    const id = rolloutId(i);
+    rollouts.set(id, true);
+    for (const suffix of DEAD_FILES) writeFileSync(join(dir, `${id}${suffix}`), '');
+    writeFileSync(join(dir, `${id}-a1.lineage.jsonl`), '');
+  }
+  const ledger = await new CaptureLedger(dir).init();
+  let index;
+  const run = await measured(async () => {
+    index = await ledger.listByRollout(rollouts);
+  });
+  const files = [...index.files.values()].reduce((sum, names) => sum + names.size, 0);
+  if (files !== CLEANUP_ROLLOUTS * (DEAD_FILES.length + 1)) {
+    throw new Error(
+      `the index holds ${files} files, not ${CLEANUP_ROLLOUTS * (DEAD_FILES.length + 1)}`,
+    );
+  }
+  return { ...run, files };
+}
+
 const median = (runs, key) => [...runs].map((r) => r[key]).sort((a, b) => a - b)[runs.length >> 1];
 
-const result = { rollouts: ROLLOUTS, appends: APPENDS, concurrency: CONCURRENCY, runs: {} };
+const result = {
+  rollouts: ROLLOUTS,
+  appends: APPENDS,
+  concurrency: CONCURRENCY,
+  cleanup_rollouts: CLEANUP_ROLLOUTS,
+  runs: {},
+};
 for (const [name, run] of [
   ['restore', restoreRun],
   ['append', appendRun],
-]) {
+  ['cleanup', cleanupRun],
+].filter(([name]) => PHASES.has(name))) {
   const runs = [];
   for (let i = 0; i < RUNS; i++) {
     const dir = mkdtempSync(join(tmpdir(), `bench-ledger-${name}-`));
@@ -114,6 +165,13 @@ for (const [name, run] of [
   result.runs[name] = runs;
   result[name] = Object.fromEntries(keys.map((key) => [key, median(runs, key)]));
   console.log(`${name} median`, JSON.stringify(result[name]));
+}
+if (result.cleanup) {
+  const wall = result.runs.cleanup.map((r) => r.wall_ms).sort((a, b) => a - b);
+  console.log(
+    `cleanup index of ${result.cleanup.files} files: wall min/median/max ${wall[0]}/${result.cleanup.wall_ms}/${wall.at(-1)} ms (target ≤ 200, the seed 230)`,
+  );
+  result.targets = { cleanup_le_0_2_s: result.cleanup.wall_ms <= 200 };
 }
 writeResult(OUT, 'ledger', loadStart, result);
 console.log(`wrote ${OUT}`);

@@ -9,10 +9,17 @@
 // floor of the same checkpoint (lib/floor.mjs): the least any restore of it could take here.
 //
 //   npm run build && npm run bench -- scale --rollouts 8000 [--policy-workers 2]
+//   npm run build && npm run bench -- scale --rollouts 16000 --policy-workers 3 --agent-workers 3 \
+//     --env-workers 3
 //
 // `--profile-restore DIR` writes each process's CPU profile over the restore (`<pid>.cpuprofile`)
 // into DIR; `--profile-commit DIR` the same over the commit (with both, both go into the commit's
-// DIR: the restored processes are new ones, with pids of their own). `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`). Prints
+// DIR: the restored processes are new ones, with pids of their own). `--policy-workers N` runs the
+// policy model as a primary and N workers (`num_workers: N`); `--agent-workers`, `--env-workers`
+// and `--resources-workers` the same for the other kinds. Each in-flight rollout holds about two
+// descriptors in the policy, agent and environment processes (a caller's socket and its own call
+// out): pick worker counts so no gym process holds more than 60 % of its descriptor limit (checked,
+// `fds_le_60_pct`). The targets are issue 18's up to 8,000 rollouts and issue 20's above. Prints
 // per-stage times and every process's descriptors and CPU (each worker beside the other
 // processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
 // or --out). `--commit-only` stops after the commit (no crash, restore or replacements): it prints
@@ -41,6 +48,7 @@ import { restoreFloor } from './lib/floor.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
 import {
   cpuByServer,
+  descriptorLimit,
   processLabel,
   sampleCpu,
   sampleMembers,
@@ -54,6 +62,9 @@ const { values: flags } = parseArgs({
     out: { type: 'string' },
     'keep-dir': { type: 'boolean', default: false },
     'policy-workers': { type: 'string', default: '1' },
+    'agent-workers': { type: 'string', default: '1' },
+    'env-workers': { type: 'string', default: '1' },
+    'resources-workers': { type: 'string', default: '1' },
     'profile-restore': { type: 'string' },
     'profile-commit': { type: 'string' },
     'commit-only': { type: 'boolean', default: false },
@@ -61,18 +72,35 @@ const { values: flags } = parseArgs({
 });
 const ROLLOUTS = Number(flags.rollouts);
 if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
-const POLICY_WORKERS = Number(flags['policy-workers']);
-if (!Number.isSafeInteger(POLICY_WORKERS) || POLICY_WORKERS < 1) {
-  throw new Error('--policy-workers must be ≥ 1');
+function workersFlag(name) {
+  const n = Number(flags[name]);
+  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`--${name} must be ≥ 1`);
+  return n;
 }
+const WORKERS = {
+  policy: workersFlag('policy-workers'),
+  simple_agent: workersFlag('agent-workers'),
+  env: workersFlag('env-workers'),
+  weather: workersFlag('resources-workers'),
+};
+const POLICY_WORKERS = WORKERS.policy;
+const OTHER_WORKERS = Object.entries(WORKERS).filter(([name, n]) => name !== 'policy' && n > 1);
+/** Issue 18's targets up to 8,000 rollouts in flight, issue 20's (16,000) above. */
+const LIMITS_S =
+  ROLLOUTS > 8000
+    ? { prepare: 2, commit: 2, restore: 3 }
+    : { prepare: 0.3, commit: 0.3, restore: 0.5 };
+const FDS_SHARE = 0.6;
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(
   flags.out ??
     join(
       repo,
-      POLICY_WORKERS === 1
-        ? 'bench/results/scale.json'
-        : `bench/results/scale-policy-workers-${POLICY_WORKERS}.json`,
+      OTHER_WORKERS.length > 0
+        ? `bench/results/scale-${ROLLOUTS}-workers-${Object.values(WORKERS).join('-')}.json`
+        : POLICY_WORKERS === 1
+          ? 'bench/results/scale.json'
+          : `bench/results/scale-policy-workers-${POLICY_WORKERS}.json`,
     ),
 );
 const TOKEN = 'bench-scale-token';
@@ -91,9 +119,9 @@ token_capture: { enabled: true, dir: ./capture }
 servers:
   inference: { kind: inference, app: fake, port: ${inferencePort}, script: weather }
   policy: { kind: model, app: policy, port: 0, num_workers: ${POLICY_WORKERS}, backend_url: "http://127.0.0.1:${inferencePort}/v1", checkpoint_policy: true, checkpoint_generation_cuts: true }
-  weather: { kind: resources, app: weather, port: 0 }
-  simple_agent: { kind: agent, app: simple, port: 0, model_server: policy, resources_server: weather }
-  env: { kind: environment, app: single_agent_turn, port: 0, agent_server: simple_agent, resources_server: weather }
+  weather: { kind: resources, app: weather, port: 0, num_workers: ${WORKERS.weather} }
+  simple_agent: { kind: agent, app: simple, port: 0, num_workers: ${WORKERS.simple_agent}, model_server: policy, resources_server: weather }
+  env: { kind: environment, app: single_agent_turn, port: 0, num_workers: ${WORKERS.env}, agent_server: simple_agent, resources_server: weather }
 `;
 }
 
@@ -178,6 +206,8 @@ function processTable(held, commit) {
     process: processLabel(row),
     pid: row.pid,
     fds: row.fds,
+    fds_limit: descriptorLimit(row.pid) ?? null,
+    rss_mib: row.rss_mib,
     cpu_ms: Math.round(row.cpu_ms),
     commit_cpu_ms: change(row, 'cpu_ms'),
     // Kernel time and page faults in the commit: first touch of fresh memory shows here.
@@ -258,12 +288,14 @@ function printCommit(commitS, timingsMs, cpuMs, processes) {
     console.log(`CPU during ${what} (ms): ${JSON.stringify(spent)}`);
   }
   console.log(
-    '\nPROCESS (every rollout held)     PID     FDS  CPU SO FAR (ms)  CPU IN COMMIT (ms)' +
+    '\nPROCESS (every rollout held)     PID     FDS  OF LIMIT  RSS (MiB)  CPU SO FAR (ms)  CPU IN COMMIT (ms)' +
       '  KERNEL IN COMMIT (ms)  FAULTS IN COMMIT (minor/major)',
   );
   for (const row of processes) {
     console.log(
       `${row.process.padEnd(30)} ${String(row.pid).padStart(7)} ${String(row.fds).padStart(7)}` +
+        `  ${(row.fds_limit ? `${Math.round((100 * row.fds) / row.fds_limit)} %` : '-').padStart(8)}` +
+        `  ${String(row.rss_mib ?? '-').padStart(9)}` +
         `  ${String(row.cpu_ms).padStart(15)}  ${String(row.commit_cpu_ms ?? '-').padStart(18)}` +
         `  ${String(row.commit_kernel_ms ?? '-').padStart(21)}` +
         `  ${`${row.commit_minflt ?? '-'}/${row.commit_majflt ?? '-'}`.padStart(30)}`,
@@ -342,22 +374,30 @@ async function main() {
     // Every rollout still running waits at its second call; one that replied makes no more.
     await time('dispatch_to_all_held', async () => {
       let last = -1;
+      let lastStatuses = '';
       let progressAt = Date.now();
+      const statusesNow = () =>
+        Promise.all(
+          [...handle.servers.values()]
+            .filter((s) => s.kind !== 'inference')
+            .map((s) =>
+              getControl(clients.control, `${s.url}/ng-control/v1/checkpoint/status`, {
+                token: TOKEN,
+              }).then((st) => `${s.name}: ${JSON.stringify(st.report.counts)}`),
+            ),
+        );
       for (;;) {
         const { count } = await backend('/_ctl/call_count');
         const replied = finishedBefore.size + failedBefore.size;
         if (count >= 2 * (ROLLOUTS - replied)) return;
         if (count !== last) [last, progressAt] = [count, Date.now()];
         if (Date.now() - progressAt > STALL_MS) {
-          const statuses = await Promise.all(
-            [...handle.servers.values()]
-              .filter((s) => s.kind !== 'inference')
-              .map((s) =>
-                getControl(clients.control, `${s.url}/ng-control/v1/checkpoint/status`, {
-                  token: TOKEN,
-                }).then((st) => `${s.name}: ${JSON.stringify(st.report.counts)}`),
-              ),
-          );
+          // Sessions seeded before the first model call are progress too (a loaded machine).
+          const statuses = await statusesNow();
+          if (statuses.join('\n') !== lastStatuses) {
+            [lastStatuses, progressAt] = [statuses.join('\n'), Date.now()];
+            continue;
+          }
           throw new Error(
             `stalled at ${count} model calls (${replied} replied) for ${STALL_MS / 1000} s:\n` +
               statuses.join('\n'),
@@ -495,6 +535,7 @@ async function main() {
     const result = {
       scale: ROLLOUTS,
       policy_workers: POLICY_WORKERS,
+      workers: WORKERS,
       machine: { cpus: cpus().length, memory_gib: Math.round(totalmem() / 2 ** 30) },
       finished_before: finishedBefore.size,
       failed_before: failedBefore.size,
@@ -523,10 +564,14 @@ async function main() {
       staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
       replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
       targets: {
-        prepare_le_0_5_s: timings.prepare <= 0.5,
-        commit_le_0_5_s: timings.commit <= 0.5,
-        restore_le_0_5_s: timings.restore <= 0.5,
-        restore_floor_le_0_5_s: floors['records only'].wall_ms <= 500,
+        [`prepare_le_${LIMITS_S.prepare}_s`]: timings.prepare <= LIMITS_S.prepare,
+        [`commit_le_${LIMITS_S.commit}_s`]: timings.commit <= LIMITS_S.commit,
+        [`restore_le_${LIMITS_S.restore}_s`]: timings.restore <= LIMITS_S.restore,
+        [`restore_floor_le_${LIMITS_S.restore}_s`]:
+          floors['records only'].wall_ms <= LIMITS_S.restore * 1000,
+        fds_le_60_pct: processes
+          .filter((row) => !row.process.startsWith('inference'))
+          .every((row) => row.fds_limit !== null && row.fds <= FDS_SHARE * row.fds_limit),
         every_rollout_finished_or_exported: overlap === 0 && uncovered === 0,
         every_exported_continued: continued === exported.length,
       },

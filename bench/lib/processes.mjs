@@ -47,12 +47,27 @@ export function sampleCpu(pid) {
   };
 }
 
+/** A process's soft limit of open descriptors (`/proc/<pid>/limits`), or undefined. */
+export function descriptorLimit(pid = 'self') {
+  const line = readFileSync(`/proc/${pid}/limits`, 'utf8')
+    .split('\n')
+    .find((l) => l.startsWith('Max open files'));
+  const soft = Number(line?.split(/\s{2,}/)[1]);
+  return Number.isSafeInteger(soft) ? soft : undefined;
+}
+
 /**
- * One process now: its CPU and its open descriptors. Counting the descriptors lists
- * /proc/<pid>/fd, tens of ms for a server holding 8,000 rollouts' sockets: never inside timed work.
+ * One process now: its CPU, its open descriptors and its resident memory (MiB). Counting the
+ * descriptors lists /proc/<pid>/fd, tens of ms for a server holding 8,000 rollouts' sockets: never
+ * inside timed work.
  */
 export function sampleProcess(pid) {
-  return { ...sampleCpu(pid), fds: readdirSync(`/proc/${pid}/fd`).length };
+  const rssKb = Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]);
+  return {
+    ...sampleCpu(pid),
+    fds: readdirSync(`/proc/${pid}/fd`).length,
+    rss_mib: Number.isFinite(rssKb) ? Math.round(rssKb / 1024) : null,
+  };
 }
 
 /**
