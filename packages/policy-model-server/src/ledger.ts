@@ -65,6 +65,38 @@ const BATCH_CONCURRENCY = 64;
 const BATCH_SLICE = 32;
 /** Back-off while another process holds a stripe: polls up to every 50 ms, ~100 s in all. */
 const LOCK_RETRIES = { retries: 2000, factor: 1.2, minTimeout: 1, maxTimeout: 50 };
+/** proper-lockfile's default: a lock whose mtime is older is a dead holder's, and taken over. */
+const LOCK_STALE_MS = 10_000;
+
+/** Runs a synchronous file call and answers its callback on the next tick, as an async one would. */
+function callNow<T>(call: () => T, callback: (err: unknown, value?: T) => void): void {
+  let value: T;
+  try {
+    value = call();
+  } catch (err) {
+    process.nextTick(callback, err);
+    return;
+  }
+  process.nextTick(callback, null, value);
+}
+
+/**
+ * The file calls proper-lockfile makes. A lock is alive while its mtime is fresh, so the stat that
+ * reads it and the utimes that refreshes it (the holder's heartbeat, and the probe right after
+ * taking it) run at once, never behind the libuv pool's queue: 8,000 rollouts' durable appends
+ * queue there for longer than the stale threshold, and a holder whose heartbeat waited behind
+ * them lost its lock to another worker mid-write (ENOENT on its own lock). Both are metadata calls
+ * of microseconds; mkdir and rmdir (about a millisecond each with `discard`) stay in the pool.
+ */
+const LOCK_FS = {
+  mkdir: fs.mkdir,
+  rmdir: fs.rmdir,
+  realpath: fs.realpath,
+  stat: (path: string, callback: (err: unknown, stats?: fs.Stats) => void) =>
+    callNow(() => fs.statSync(path), callback),
+  utimes: (path: string, atime: Date, mtime: Date, callback: (err: unknown) => void) =>
+    callNow(() => fs.utimesSync(path, atime, mtime), callback),
+};
 /** Ledgers read per event-loop turn in an export (each a few system calls). */
 const EXPORT_SLICE = 64;
 /** Ledgers whose rows this process keeps in memory (the most recently written or read). */
@@ -355,7 +387,18 @@ export class CaptureLedger {
    */
   readonly #prefix: string;
 
-  constructor(readonly dir: string) {
+  /** Options of every stripe lock (its stale threshold: tests shorten it). */
+  readonly #lockOptions: { realpath: false; stale: number; fs: typeof LOCK_FS };
+
+  constructor(
+    readonly dir: string,
+    options: { lockStaleMs?: number } = {},
+  ) {
+    this.#lockOptions = {
+      realpath: false,
+      stale: options.lockStaleMs ?? LOCK_STALE_MS,
+      fs: LOCK_FS,
+    };
     this.#sharedFence = join(dir, LOCK_DIR, SHARED_FENCE);
     this.#prefix = join(dir, sep);
   }
@@ -465,9 +508,10 @@ export class CaptureLedger {
       // One try first: a retrying lock computes its whole back-off schedule up front, which at a
       // batch's 256 stripes costs more than the locking; only a held stripe needs it.
       const path = join(this.dir, LOCK_DIR, `stripe-${stripe}`);
-      const unlock = await lockfile.lock(path, { realpath: false }).catch((err: unknown) => {
+      const options = this.#lockOptions;
+      const unlock = await lockfile.lock(path, options).catch((err: unknown) => {
         if ((err as NodeJS.ErrnoException).code !== 'ELOCKED') throw err;
-        return wait ? lockfile.lock(path, { realpath: false, retries: LOCK_RETRIES }) : undefined;
+        return wait ? lockfile.lock(path, { ...options, retries: LOCK_RETRIES }) : undefined;
       });
       if (unlock === undefined) {
         leave();

@@ -1,4 +1,7 @@
-import { mkdir, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { execFile, execFileSync } from 'node:child_process';
+import { closeSync, constants, openSync } from 'node:fs';
+import { mkdir, open, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { join } from 'node:path';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
@@ -30,6 +33,8 @@ import {
 } from './support.js';
 
 afterEach(cleanup);
+
+const require = createRequire(import.meta.url);
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 const row = (id: string, extra: object = {}) => ({ model_call_id: id, ...extra });
@@ -583,6 +588,39 @@ describe('CaptureLedger files', () => {
     expect(written).toBe(false);
     await held();
     expect(await append).toBe('written');
+  });
+
+  it('a stripe lock stays its holder’s while the libuv pool is busy for longer than the stale threshold', async () => {
+    const staleMs = 2000;
+    const ledger = await new CaptureLedger(await tempDir(), { lockStaleMs: staleMs }).init();
+    const lockPath = join(ledger.dir, '.locks', `stripe-${lockStripe('r')}`);
+    // Every pool thread waits on a FIFO no one writes yet, as 8,000 durable appends keep it busy.
+    const fifos = Array.from({ length: Number(process.env.UV_THREADPOOL_SIZE ?? 4) }, (_, i) =>
+      join(ledger.dir, `fifo-${i}`),
+    );
+    for (const fifo of fifos) execFileSync('mkfifo', [fifo]);
+    const otherProcessTakes = () =>
+      new Promise<string>((resolve, reject) => {
+        // Another worker sharing the directory, with its own pool: does it find the lock stale?
+        const script = `require(${JSON.stringify(require.resolve('proper-lockfile'))}).lock(${JSON.stringify(lockPath)}, { realpath: false, stale: ${staleMs} }).then(() => console.log('taken'), (e) => console.log(e.code))`;
+        execFile(process.execPath, ['-e', script], (err, stdout) =>
+          err ? reject(err) : resolve(stdout.trim()),
+        );
+      });
+    const answer = await ledger.withRolloutLock('r', async () => {
+      const blocked = fifos.map((fifo) => open(fifo, 'r'));
+      try {
+        await sleep(staleMs + 1500); // past the threshold, with heartbeats due meanwhile
+        return await otherProcessTakes();
+      } finally {
+        // Free the pool (the release's rmdir runs there): a writer opens each FIFO.
+        for (const fifo of fifos) {
+          closeSync(openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK));
+        }
+        for (const handle of await Promise.all(blocked)) await handle.close();
+      }
+    });
+    expect(answer).toBe('ELOCKED');
   });
 
   it('serialises appends of one rollout from many callers (one lock per rollout)', async () => {
