@@ -23,6 +23,8 @@ export interface StackOptions {
   envWorkers?: number;
   /** Every resources server's `num_workers` (one process unless above 1). */
   resourcesWorkers?: number;
+  /** Simple Agent's `num_workers` (one process unless above 1). */
+  agentWorkers?: number;
   /**
    * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
    * and Simple Agent takes them over MCP (`direct_http` by default).
@@ -72,6 +74,7 @@ function common(options: StackOptions, agentResources: string, inferencePort: nu
       model_server: 'policy',
       resources_server: agentResources,
       ...(options.tools === 'mcp' ? { tool_transport: 'mcp' } : {}),
+      ...(options.agentWorkers === undefined ? {} : { num_workers: options.agentWorkers }),
     }),
   ];
 }
@@ -150,8 +153,8 @@ export function stackYaml(
       // flat-row adapter over the same agent.
       lines.push(
         ...common(options, 'weather', inferencePort),
-        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
-        environment('legacy_env', 'weather', 'single_agent_turn_legacy'),
+        resources('weather', 'weather', options),
+        environment('legacy_env', 'weather', 'single_agent_turn_legacy', options),
       );
       break;
     case 'counter':
