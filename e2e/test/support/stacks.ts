@@ -135,8 +135,8 @@ export function stackYaml(
       // same weather server's tools over MCP.
       lines.push(
         ...common(options, 'weather', inferencePort),
-        resources('weather', 'weather', { tools: 'mcp' }),
-        environment('env', 'weather'),
+        resources('weather', 'weather', { ...options, tools: 'mcp' }),
+        environment('env', 'weather', undefined, { ...options, tools: 'direct_http' }),
         server('mcp_agent', {
           kind: 'agent',
           app: 'simple',
@@ -144,8 +144,9 @@ export function stackYaml(
           model_server: 'policy',
           resources_server: 'weather',
           tool_transport: 'mcp',
+          ...(options.agentWorkers === undefined ? {} : { num_workers: options.agentWorkers }),
         }),
-        environment('mcp_env', 'weather', undefined, { tools: 'mcp' }, 'mcp_agent'),
+        environment('mcp_env', 'weather', undefined, { ...options, tools: 'mcp' }, 'mcp_agent'),
       );
       break;
     case 'legacy':
