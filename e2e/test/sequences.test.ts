@@ -15,7 +15,7 @@ import { captureKey, type EpisodeId, parseCaptureKey } from '@ckpt-gym/core/prot
 import { deadline, ep, tracked } from '@ckpt-gym/testing';
 
 import { closeAll, Deployment, scenario } from './support/deployment.js';
-import { weatherEpisode } from './support/stacks.js';
+import { type StackOptions, weatherEpisode } from './support/stacks.js';
 
 afterEach(closeAll);
 
@@ -294,21 +294,25 @@ function seeds(): number[] {
   return Array.from({ length: count }, () => Math.floor(Math.random() * 2 ** 31));
 }
 
-/** Run with the policy model in one process and with two workers: idle, both track nothing. */
-const POLICY_VARIANTS = [
-  { workers: 1, label: '' },
-  { workers: 2, label: ', two policy workers' },
+/**
+ * Run with every server in one process, with two policy workers, and with two workers of every
+ * server kind (policy model, resources, agents, environments): idle, all track nothing.
+ */
+const VARIANTS: readonly { label: string; options: StackOptions }[] = [
+  { label: '', options: {} },
+  { label: ', two policy workers', options: { policyWorkers: 2 } },
+  {
+    label: ', two workers of every kind',
+    options: { policyWorkers: 2, resourcesWorkers: 2, agentWorkers: 2, envWorkers: 2 },
+  },
 ];
 
 for (const seed of seeds()) {
-  for (const variant of POLICY_VARIANTS) {
+  for (const variant of VARIANTS) {
     scenario(
       `a random sequence keeps every rollout exactly once (seed ${seed}${variant.label}; replay with CKPT_GYM_E2E_SEED=${seed})`,
       async () => {
-        const dep = await Deployment.start(
-          'native_mcp',
-          variant.workers === 1 ? {} : { policyWorkers: variant.workers },
-        );
+        const dep = await Deployment.start('native_mcp', variant.options);
         await dep.backend('/_ctl/gate', { closed: true });
         const sequence = new Sequence(dep, prng(seed));
         try {

@@ -23,6 +23,8 @@ export interface StackOptions {
   envWorkers?: number;
   /** Every resources server's `num_workers` (one process unless above 1). */
   resourcesWorkers?: number;
+  /** Simple Agent's `num_workers` (one process unless above 1). */
+  agentWorkers?: number;
   /**
    * `mcp`: the resources servers expose their tools over MCP, the environments grant them so
    * and Simple Agent takes them over MCP (`direct_http` by default).
@@ -72,6 +74,7 @@ function common(options: StackOptions, agentResources: string, inferencePort: nu
       model_server: 'policy',
       resources_server: agentResources,
       ...(options.tools === 'mcp' ? { tool_transport: 'mcp' } : {}),
+      ...(options.agentWorkers === undefined ? {} : { num_workers: options.agentWorkers }),
     }),
   ];
 }
@@ -132,8 +135,8 @@ export function stackYaml(
       // same weather server's tools over MCP.
       lines.push(
         ...common(options, 'weather', inferencePort),
-        resources('weather', 'weather', { tools: 'mcp' }),
-        environment('env', 'weather'),
+        resources('weather', 'weather', { ...options, tools: 'mcp' }),
+        environment('env', 'weather', undefined, { ...options, tools: 'direct_http' }),
         server('mcp_agent', {
           kind: 'agent',
           app: 'simple',
@@ -141,8 +144,9 @@ export function stackYaml(
           model_server: 'policy',
           resources_server: 'weather',
           tool_transport: 'mcp',
+          ...(options.agentWorkers === undefined ? {} : { num_workers: options.agentWorkers }),
         }),
-        environment('mcp_env', 'weather', undefined, { tools: 'mcp' }, 'mcp_agent'),
+        environment('mcp_env', 'weather', undefined, { ...options, tools: 'mcp' }, 'mcp_agent'),
       );
       break;
     case 'legacy':
@@ -150,8 +154,8 @@ export function stackYaml(
       // flat-row adapter over the same agent.
       lines.push(
         ...common(options, 'weather', inferencePort),
-        server('weather', { kind: 'resources', app: 'weather', port: 0 }),
-        environment('legacy_env', 'weather', 'single_agent_turn_legacy'),
+        resources('weather', 'weather', options),
+        environment('legacy_env', 'weather', 'single_agent_turn_legacy', options),
       );
       break;
     case 'counter':

@@ -69,6 +69,8 @@ export interface LegacyRunRequest {
   readonly body: JsonObject;
   readonly episode: EpisodeId | undefined;
   readonly selfUrl: string;
+  /** Headers of the self-dispatch: on a worker, the one routing it back to this worker. */
+  readonly selfHeaders: Readonly<Record<string, string>>;
   readonly cookies: Record<string, string>;
   readonly ep: EpisodeContext;
   /** Call in the step that records the `verify` or `return` boundary (which holds the reply). */

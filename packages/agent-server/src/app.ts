@@ -1,7 +1,9 @@
 /**
  * The agent server: agent sessions (seed, activation, close) over an agent definition, with the
  * agent participant when the agent has session hooks, a restart-only participant when it has not,
- * and nothing at all when checkpointing is off.
+ * and nothing at all when checkpointing is off. On a worker of a server with several workers its
+ * session router sends each session's requests to the worker that owns it, and with checkpointing
+ * on its participant is that worker's share of the coordinator's (`SessionWorker`).
  */
 import type { Express } from 'express';
 
@@ -15,14 +17,19 @@ import {
   jsonBody,
   type Logger,
   mountRoutes,
+  SessionRouter,
+  SessionWorker,
+  type WorkerLink,
+  type WorkerSide,
 } from '@ckpt-gym/core/server';
 
 import type { Agent, AgentDefinition } from './agent.js';
-import { AgentParticipant } from './participant.js';
+import { AgentParticipant, type AgentSessionRecord } from './participant.js';
 import { installRestartOnly, RestartOnlyParticipant } from './restart-only.js';
 import { closeRoute } from './routes/close.js';
 import { AGENT_BODY_LIMIT, type AgentServerContext } from './routes/context.js';
 import { legacyRunRoute } from './routes/legacy-run.js';
+import { agentSessionOf } from './routing.js';
 import { responsesRoute } from './routes/responses.js';
 import { seedRoute } from './routes/seed.js';
 import {
@@ -45,6 +52,10 @@ export interface AgentServerOptions {
   /** Signs the session cookie; defaults to one derived from the server's name. */
   cookieSecret?: string;
   closeRetryWindowSeconds?: number;
+  /** On a worker of a server with several workers: its routing id and the runtime directory. */
+  routing?: { routingId: string; socketDir: string } | undefined;
+  /** On such a worker with checkpointing on: its link to the coordinator. */
+  link?: WorkerLink | undefined;
 }
 
 export interface AgentServer<S> {
@@ -54,6 +65,10 @@ export interface AgentServer<S> {
   readonly sessions: AgentSessionTable<S>;
   /** The agent participant, the restart-only one, or undefined when checkpointing is off. */
   readonly participant: AgentParticipant | RestartOnlyParticipant | undefined;
+  /** On a worker of a server with several workers: its session router (listen on its socket). */
+  readonly router: SessionRouter | undefined;
+  /** On such a worker with checkpointing on: its share of the participant, to attach. */
+  readonly worker: WorkerSide | undefined;
   /** Stops the control plane's timers and frees the HTTP client pools the server created. */
   close(): void;
 }
@@ -66,9 +81,10 @@ function agentParticipantFor<S>(
   name: string,
   agent: Agent<S>,
   sessions: AgentSessionTable<S>,
+  owner: string | undefined,
 ): AgentParticipant | RestartOnlyParticipant {
   if (agent.checkpointSessionsSupported && agent.hooks) {
-    return new AgentParticipant(name, agent.hooks);
+    return new AgentParticipant(name, agent.hooks, { owner });
   }
   return new RestartOnlyParticipant(name, async (key) => {
     const entry = sessions.get(key);
@@ -77,6 +93,21 @@ function agentParticipantFor<S>(
     await agent.closeSession(entry);
     sessions.delete(key);
   });
+}
+
+/** A worker's share of the participant; the agent participant claims restored `/run`s through it. */
+function workerFor(
+  participant: AgentParticipant | RestartOnlyParticipant,
+  router: SessionRouter,
+  link: WorkerLink,
+  logger: Logger,
+): WorkerSide {
+  if (participant instanceof RestartOnlyParticipant) {
+    return new SessionWorker<CheckpointRecord>(participant, router, link, logger);
+  }
+  const worker = new SessionWorker<AgentSessionRecord>(participant, router, link, logger);
+  participant.claims = worker;
+  return worker;
 }
 
 export function createAgentServer<S>(
@@ -88,8 +119,10 @@ export function createAgentServer<S>(
   const sessions = new AgentSessionTable<S>(
     options.closeRetryWindowSeconds ?? DEFAULT_CLOSE_RETRY_WINDOW_SECONDS,
   );
+  const routingId = options.routing?.routingId;
   const signer = new SessionCookieSigner(
     options.cookieSecret ?? `ckpt-gym-agent___${options.name}`,
+    routingId,
   );
   const logger = options.logger ?? createLogger({ server: options.name, kind: 'agent' });
   const agent = definition({
@@ -102,15 +135,23 @@ export function createAgentServer<S>(
   });
 
   const participant = options.checkpoint
-    ? agentParticipantFor(options.name, agent, sessions)
+    ? agentParticipantFor(options.name, agent, sessions, routingId)
     : undefined;
+  const router = options.routing
+    ? new SessionRouter({ ...options.routing, sessionOf: agentSessionOf(signer), logger })
+    : undefined;
+  const { link } = options;
   const gym = createGymApp<CheckpointRecord>({
     name: options.name,
     kind: 'agent',
     checkpoint: options.checkpoint,
-    ...(participant ? { participant } : {}),
+    ...(participant && !link ? { participant } : {}),
+    ...(participant && link ? { control: link.controlTarget() } : {}),
+    ...(router ? { sessionRouter: router.middleware() } : {}),
     logger,
   });
+  const worker =
+    participant && link && router ? workerFor(participant, router, link, logger) : undefined;
   const app = gym.app;
   // App-wide, not per route: the restart-only tracking reads a `/run` body's rollout, and the
   // agent's own routes read JSON too (the routes' own body rule then finds it parsed).
@@ -120,6 +161,7 @@ export function createAgentServer<S>(
     agent,
     sessions,
     signer,
+    routingId,
     agentParticipant: participant instanceof AgentParticipant ? participant : undefined,
     restartOnly: participant instanceof RestartOnlyParticipant ? participant : undefined,
   };
@@ -139,6 +181,8 @@ export function createAgentServer<S>(
     agent,
     sessions,
     participant,
+    router,
+    worker,
     close() {
       gym.plane?.dispose();
       if (ownsClients) clients.close();

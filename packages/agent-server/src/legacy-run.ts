@@ -38,6 +38,8 @@ export interface LegacyRunParts {
   episode: EpisodeId | undefined;
   /** This server's own base URL, for the self-dispatch. */
   selfUrl: string;
+  /** Headers of the self-dispatch: on a worker, the one routing it back to this worker. */
+  selfHeaders: Readonly<Record<string, string>>;
   /** The request's cookies (the resources session's, when the caller seeded it). */
   cookies: Record<string, string>;
   ep: EpisodeContext;
@@ -106,6 +108,7 @@ export async function legacyRun(parts: LegacyRunParts): Promise<JsonObject> {
       post(self, body.responses_create_params ?? {}, {
         ...cookieHeader(cookies),
         ...activationHeader(1),
+        ...parts.selfHeaders,
       }),
     );
     response = reply.body;

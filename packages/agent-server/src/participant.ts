@@ -6,6 +6,7 @@
 import {
   captureKey,
   CheckpointError,
+  CheckpointStateError,
   covers,
   type EpisodeId,
   episodeIdFromJson,
@@ -37,6 +38,8 @@ import {
   type CheckpointRecord,
   DEFER_DECODE_MIN_BYTES,
   encodeJsonBytes,
+  isRoutingId,
+  type RestoredClaims,
 } from '@ckpt-gym/core/server';
 
 import { restartCall, runSeed, SEED } from './admission.js';
@@ -54,13 +57,14 @@ export type SessionState = 'idle' | 'running' | 'at_boundary';
  * something is not JSON: the store then reports it against the episode.
  */
 function recordPieces(
-  record: Pick<AgentSessionRecord, 'session_key' | 'episode'>,
+  record: Pick<AgentSessionRecord, 'session_key' | 'episode' | 'owner'>,
   sessionJson: () => readonly (string | Uint8Array)[],
   boundaryJson: () => string,
 ): (string | Uint8Array)[] | undefined {
+  const owner = record.owner === undefined ? '' : `"owner":${encodeJson(record.owner)},`;
   try {
     return [
-      `"session_key":${encodeJson(record.session_key)},"session":`,
+      `"session_key":${encodeJson(record.session_key)},${owner}"session":`,
       ...sessionJson(),
       ',"boundary":',
       boundaryJson(),
@@ -137,6 +141,11 @@ export interface AgentSessionRecord extends CheckpointRecord {
   boundary: JsonObject | null;
   /** A legacy `/run`'s protocol boundary. */
   episode: JsonObject | null;
+  /**
+   * The worker a native session's cookie names (its routing id), on a server with several
+   * workers: a restore moves every session of one owner to one worker and aliases the owner there.
+   */
+  owner?: string;
   [RAW_RECORD]?: RawRecord;
 }
 
@@ -250,9 +259,9 @@ export function untilSettledOr<T>(
 /** Checks a record's fields other than its episode and session state (present: `hasSession`). */
 function checkedRecordFields(
   key: string,
-  record: { session_key?: unknown; boundary?: unknown; episode?: unknown },
+  record: { session_key?: unknown; boundary?: unknown; episode?: unknown; owner?: unknown },
   hasSession: boolean,
-): Pick<AgentSessionRecord, 'session_key' | 'boundary' | 'episode'> {
+): Pick<AgentSessionRecord, 'session_key' | 'boundary' | 'episode' | 'owner'> {
   const obj = (v: unknown) => v === null || (typeof v === 'object' && !Array.isArray(v));
   if (typeof record.session_key !== 'string' || record.session_key.length === 0) {
     throw new InvalidRequestError(`${key}: session_key must be a non-empty string`);
@@ -260,16 +269,41 @@ function checkedRecordFields(
   if (!hasSession || !obj(record.boundary ?? null) || !obj(record.episode ?? null)) {
     throw new InvalidRequestError(`${key}: needs session, and boundary/episode objects or null`);
   }
+  const { owner } = record;
+  if (owner !== undefined && !isRoutingId(owner)) {
+    throw new CheckpointStateError(`${key}: owner must be a routing id`);
+  }
   return {
     session_key: record.session_key,
     boundary: (record.boundary ?? null) as JsonObject | null,
     episode: (record.episode ?? null) as JsonObject | null,
+    ...(owner === undefined ? {} : { owner }),
+  };
+}
+
+/** A record as the agent participant checks it (the coordinator of several workers checks alike). */
+export function agentRecordOf(record: JsonObject, key: string): AgentSessionRecord {
+  const episode = episodeIdFromJson(record.episode_id, `${key}.episode_id`);
+  return {
+    ...checkedRecordFields(key, record, 'session' in record),
+    episode_id: episode,
+    session: record.session as JsonValue,
   };
 }
 
 /** `run:<rollout_id>`: a legacy `/run` is keyed by its logical rollout, so a replacement finds it. */
 export function legacyKey(rolloutId: string): string {
   return `run:${rolloutId}`;
+}
+
+/** True for a legacy `/run`'s record: its state lives inside one request. */
+export function isLegacyRecord(record: Pick<AgentSessionRecord, 'session_key'>): boolean {
+  return record.session_key.startsWith('run:');
+}
+
+export interface AgentParticipantOptions {
+  /** This worker's routing id, on a server with several workers: the owner its sessions name. */
+  readonly owner?: string | undefined;
 }
 
 export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
@@ -301,12 +335,24 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   /** Restored legacy protocol boundaries, until their `/run` claims them. */
   private readonly legacyRestored = new Map<string, Boundary | null>();
   private carried: ReadonlySet<string> = new Set();
+  /** Restored sessions no request used yet and not retired: `restoredPending`, counted cheaply. */
+  private readonly unused = new Set<Session>();
+  /** The owner each restored native session's cookie names (none: checkpointed by one process). */
+  private readonly restoredOwners = new Map<string, string | undefined>();
+  private readonly owner: string | undefined;
+  /**
+   * On a worker of a server with several workers: the restored legacy `/run` records its
+   * coordinator holds. A replacement `/run` claims its record there before it runs.
+   */
+  claims: RestoredClaims<AgentSessionRecord> | undefined;
 
   constructor(
     instance: string,
     private readonly hooks: AgentSessionHooks,
+    options: AgentParticipantOptions = {},
   ) {
     super('agent', instance);
+    this.owner = options.owner;
   }
 
   // --- admission ----------------------------------------------------------------------------
@@ -422,6 +468,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.sessionsByRollout.delete(s.episode.rollout_id, s);
     this.blocking.delete(s);
     this.encodeAhead.delete(s);
+    this.unused.delete(s);
+    this.restoredOwners.delete(s.key);
     if (!this.gate.isOpen) this.notifyChange();
   }
 
@@ -471,7 +519,13 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   claim(key: string): void {
     // The restored boundary stays for the activation that continues it.
     const s = this.sessions.get(key);
-    if (s) s.restoredPending = false;
+    if (s) this.used(s);
+  }
+
+  /** A request used the restored session: it is no longer pending (told once, to the listeners). */
+  private used(s: Session): void {
+    s.restoredPending = false;
+    if (this.unused.delete(s)) this.notifyChange();
   }
 
   runningActivation(key: string): { index: number | null; done: Promise<void> } | null {
@@ -493,7 +547,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (s.activation)
       throw new CheckpointError(`agent session '${key}' already has an active activation`);
     const continuation = s.continuation;
-    s.restoredPending = false;
+    this.used(s);
     s.continuation = null;
     const activation = new Activation(index);
     // The caller going away (the environment server gave up) stops the activation too.
@@ -619,6 +673,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
    */
   async legacyRun<T>(episode: EpisodeId, work: (ep: EpisodeContext) => Promise<T>): Promise<T> {
     const key = legacyKey(episode.rollout_id);
+    if (this.claims?.holds(captureKey(episode))) await this.claimLegacy(episode, key);
     const existing = this.sessions.get(key);
     const retired = this.marks.isRetired(episode);
     const refusal = legacyRunAdmission({ open: this.gate.isOpen, episode, retired, key, existing });
@@ -638,6 +693,26 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     } finally {
       if (!s.retired) this.forget(s);
     }
+  }
+
+  /**
+   * A replacement `/run` whose restored record its worker's coordinator holds: refused as any
+   * `/run` is for a retired or running attempt before it claims (a refused request claims
+   * nothing), then it claims the record and installs it here. Another worker's claim won: the
+   * attempt runs there, and this one is refused as a second `/run` of a running attempt is.
+   */
+  private async claimLegacy(episode: EpisodeId, key: string): Promise<void> {
+    const existing = this.sessions.get(key);
+    const retired = this.marks.isRetired(episode);
+    const refusal = legacyRunAdmission({ open: true, episode, retired, key, existing });
+    if (refusal) throw refusal;
+    const record = await this.claims!.claim(captureKey(episode));
+    if (record === null) {
+      throw new CheckpointError(
+        `legacy run ${key} is already running: another worker claimed its restored record`,
+      );
+    }
+    await this.installRecords([record]);
   }
 
   // --- export and install ---------------------------------------------------------------------
@@ -685,9 +760,11 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     legacy: ReadonlyMap<string, Boundary | null>,
   ): AgentSessionRecord {
     const raw = state === s.raw ? s.raw : null;
+    const owner = s.legacy ? undefined : this.ownerOf(s.key);
     const record: AgentSessionRecord = {
       episode_id: s.episode,
       session_key: s.key,
+      ...(owner === undefined ? {} : { owner }),
       session: raw === null ? (state as JsonValue) : null,
       boundary: s.exportedBoundary(),
       episode: s.legacy
@@ -725,7 +802,8 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     }
     const kept = s.encoded;
     if (kept !== null && kept.state === state && kept.boundary === boundary) return kept.pieces;
-    const record = { session_key: s.key, episode: null };
+    const owner = this.ownerOf(s.key);
+    const record = { session_key: s.key, episode: null, ...(owner === undefined ? {} : { owner }) };
     const pieces = recordPieces(
       record,
       () => this.sessionJson(state),
@@ -761,13 +839,16 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     return sessions;
   }
 
+  /**
+   * The owner a native session's cookie names: the one its record named when a restore installed
+   * it here, else this worker (none in one process).
+   */
+  private ownerOf(key: string): string | undefined {
+    return this.restoredOwners.has(key) ? this.restoredOwners.get(key) : this.owner;
+  }
+
   validateRecord(record: JsonObject, key: string): AgentSessionRecord {
-    const episode = episodeIdFromJson(record.episode_id, `${key}.episode_id`);
-    return {
-      ...checkedRecordFields(key, record, 'session' in record),
-      episode_id: episode,
-      session: record.session as JsonValue,
-    };
+    return agentRecordOf(record, key);
   }
 
   /** Reads the session key and boundaries now; the session state is decoded when first read. */
@@ -780,6 +861,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
         session_key: record.field('session_key'),
         boundary: record.field('boundary'),
         episode: record.field('episode'),
+        owner: record.field('owner'),
       },
       record.fieldNames().includes('session'),
     );
@@ -804,6 +886,11 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (this.sessions.size > 0 || this.steps.size > 0) {
       throw new CheckpointError('a restore needs an agent server without live sessions');
     }
+    await this.installRecords(records);
+  }
+
+  /** Installs restored sessions (a restore's, or a legacy record this worker claimed). */
+  private async installRecords(records: readonly AgentSessionRecord[]): Promise<void> {
     const restored: RestoredAgentSession[] = records.map((r) => ({
       sessionKey: r.session_key,
       episode: nextAttempt(r.episode_id),
@@ -816,11 +903,14 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     for (const [i, r] of records.entries()) {
       const s = new Session(r.session_key, restored[i]!.episode);
       s.restoredPending = true;
+      this.unused.add(s);
       s.raw = r[RAW_RECORD] ?? null;
       s.continuation = r.boundary;
-      if (r.session_key.startsWith('run:')) {
+      if (isLegacyRecord(r)) {
         s.legacy = true;
         this.legacyRestored.set(r.session_key, r.episode);
+      } else {
+        this.restoredOwners.set(r.session_key, r.owner);
       }
       this.sessions.set(s.key, s);
       this.sessionsByRollout.add(s.episode.rollout_id, s);
@@ -828,10 +918,34 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   }
 
   restoredPending(): EpisodeId[] {
-    const out: EpisodeId[] = [];
-    for (const s of this.sessions.values())
-      if (s.restoredPending && !s.retired) out.push(s.episode);
-    return out;
+    return [...this.unused].map((s) => s.episode);
+  }
+
+  /** How many episodes `restoredPending` lists, without listing them. */
+  get restoredPendingCount(): number {
+    return this.unused.size;
+  }
+
+  /** The native sessions held here, each marked when it is a restored copy no request used yet. */
+  sessionCopies(): { id: string; unused: boolean }[] {
+    const copies: { id: string; unused: boolean }[] = [];
+    for (const s of this.sessions.values()) {
+      if (!s.legacy) copies.push({ id: s.key, unused: this.unused.has(s) });
+    }
+    return copies;
+  }
+
+  /**
+   * Frees restored copies no request used, because another worker's copy of the session is live
+   * (it was seeded again there); a copy used meanwhile is kept.
+   */
+  async freeUnused(sessionIds: readonly string[]): Promise<void> {
+    for (const id of sessionIds) {
+      const s = this.sessions.get(id);
+      if (!s || !this.unused.has(s)) continue;
+      await this.hooks.retireAgentSession(s.key);
+      this.forget(s);
+    }
   }
 
   // --- retire -------------------------------------------------------------------------------
@@ -858,6 +972,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       this.update(s, () => {
         s.retired = true;
       });
+      this.unused.delete(s);
       s.activation?.cancel(new StaleAttemptError(`attempt ${captureKey(s.episode)} was retired`));
       await s.activation?.done;
       if (s.legacy) await this.steps.retire(s.key);

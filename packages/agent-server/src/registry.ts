@@ -1,14 +1,9 @@
 /** Stack-file apps of kind `agent`: `app: simple` is Simple Agent. */
 import { ConfigError } from '@ckpt-gym/core/protocol';
-import {
-  dataPoolLimits,
-  controlPoolLimits,
-  type Logger,
-  type StackSettings,
-} from '@ckpt-gym/core/server';
+import { dataPoolLimits, controlPoolLimits, type StackSettings } from '@ckpt-gym/core/server';
 
 import type { AgentDefinition } from './agent.js';
-import { type AgentServer, createAgentServer } from './app.js';
+import { type AgentServer, type AgentServerOptions, createAgentServer } from './app.js';
 import { agentConfig } from './config.js';
 import { simpleAgent } from './simple-agent.js';
 
@@ -21,7 +16,7 @@ export const AGENT_APPS: Readonly<Record<string, AgentDefinition<unknown>>> = {
 export function createAgentServerFromStack(
   stack: StackSettings,
   name: string,
-  options: { logger?: Logger } = {},
+  options: Pick<AgentServerOptions, 'logger' | 'routing' | 'link'> = {},
 ): AgentServer<unknown> {
   const server = stack.servers.get(name);
   if (!server) throw new ConfigError(`${stack.source}: no server named '${name}'`);
@@ -40,5 +35,7 @@ export function createAgentServerFromStack(
     config: agentConfig(stack, server),
     httpLimits: { data: dataPoolLimits(stack), control: controlPoolLimits(stack) },
     ...(options.logger ? { logger: options.logger } : {}),
+    routing: options.routing,
+    link: options.link,
   });
 }

@@ -91,6 +91,15 @@ export class RestartOnlyParticipant extends BaseParticipant {
     return [];
   }
 
+  // What a worker of a server with several workers asks of its participant: nothing is restored.
+  readonly restoredPendingCount = 0;
+
+  sessionCopies(): { id: string; unused: boolean }[] {
+    return [];
+  }
+
+  async freeUnused(): Promise<void> {}
+
   /** Tracks one `/run` or `/v1/responses` call as a restart; a retire aborts `signal`. */
   track<T>(episode: EpisodeId, work: (signal: AbortSignal) => Promise<T>): Promise<T> {
     return this.gate.run(restartCall(episode, RUN, this.marks), (run) => work(run.signal));

@@ -13,6 +13,7 @@ import {
   encodeJson,
   type JsonObject,
 } from '@ckpt-gym/core/protocol';
+import { ownedName, parseOwnedName, type SessionRef } from '@ckpt-gym/core/server';
 
 export const AGENT_SESSION_COOKIE = 'agent_session_id';
 export const DEFAULT_CLOSE_RETRY_WINDOW_SECONDS = 300;
@@ -83,22 +84,37 @@ export class RolloutIndex<T> {
   }
 }
 
-/** HMAC-signed `agent_session_id` cookie values, so a client cannot name another session. */
+/**
+ * HMAC-signed `agent_session_id` cookie values, so a client cannot name another session. On a
+ * worker of a server with several workers the signed text is `<routing id>.<session id>` (core's
+ * `ownedName`): the cookie names the worker that owns the session, for the router; a value a
+ * single process signed still reads as its session id, with no owner.
+ */
 export class SessionCookieSigner {
-  constructor(private readonly secret: string) {}
+  constructor(
+    private readonly secret: string,
+    private readonly owner?: string,
+  ) {}
 
   sign(id: string): string {
-    return `${id}.${this.mac(id)}`;
+    const text = ownedName({ id, owner: this.owner });
+    return `${text}.${this.mac(text)}`;
+  }
+
+  /** The session (and its owner) of a signed value, or undefined when the signature does not match. */
+  verifyRef(value: string): SessionRef | undefined {
+    const dot = value.lastIndexOf('.');
+    if (dot <= 0) return undefined;
+    const text = value.slice(0, dot);
+    const given = Buffer.from(value.slice(dot + 1));
+    const expected = Buffer.from(this.mac(text));
+    if (given.length !== expected.length || !timingSafeEqual(given, expected)) return undefined;
+    return parseOwnedName(text);
   }
 
   /** The session id of a signed value, or undefined when the signature does not match. */
   verify(value: string): string | undefined {
-    const dot = value.lastIndexOf('.');
-    if (dot <= 0) return undefined;
-    const id = value.slice(0, dot);
-    const given = Buffer.from(value.slice(dot + 1));
-    const expected = Buffer.from(this.mac(id));
-    return given.length === expected.length && timingSafeEqual(given, expected) ? id : undefined;
+    return this.verifyRef(value)?.id;
   }
 
   private mac(id: string): string {

@@ -589,9 +589,6 @@ function stackProblems(raw: RawStack): string[] {
     ...servers.flatMap(([name, server]) => referenceProblems(name, server, raw.servers)),
     ...servers.flatMap(([name, server]) => backendUrlProblems(name, server)),
     ...portProblems(servers),
-    ...(raw.checkpoint.enabled
-      ? servers.flatMap(([name, server]) => checkpointServerProblems(name, server))
-      : []),
     ...(raw.checkpoint.enabled && raw.token_capture.enabled
       ? capturePolicyProblems(raw.servers)
       : []),
@@ -684,29 +681,6 @@ function portProblems(servers: ReadonlyArray<[string, RawServer]>): string[] {
     }
   });
   return problems;
-}
-
-/**
- * The participant kinds whose workers are not yet coordinated into one participant. A model
- * server's are (core's worker-coordination layer: its primary process is the participant), and so
- * are an environment server's and a resources server's (core's `ParticipantCoordinator`: restored
- * episodes wait there for the worker whose replacement `/run` claims them; sessions are placed on
- * workers and routed to their owner); an inference server is no participant.
- */
-const UNCOORDINATED_WORKER_KINDS: ReadonlySet<ServerKind> = new Set(['agent']);
-
-/**
- * SPEC §5: with checkpointing on, a participant runs several workers only where they are
- * coordinated; the others' workers would each hold part of the server's episodes and none of
- * them would see the whole at a checkpoint.
- */
-function checkpointServerProblems(name: string, server: RawServer): string[] {
-  if (server.num_workers === 1 || !UNCOORDINATED_WORKER_KINDS.has(server.kind)) return [];
-  return [
-    `servers.${name}.num_workers: checkpointing requires num_workers: 1 on ${aKind(server.kind)} ` +
-      `server (got ${server.num_workers}): each worker would hold part of its sessions, and only ` +
-      "model, environment and resources servers' workers are coordinated into one participant so far",
-  ];
 }
 
 /** SPEC §5: a model server an agent captures tokens through must be inside the checkpoint gate. */

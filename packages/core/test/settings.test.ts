@@ -525,18 +525,13 @@ describe('checkpointing limits', () => {
     expect(serverSettings(settings, 'weather').numWorkers).toBe(2);
   });
 
-  it('refuses num_workers > 1 with checkpointing on for agent servers', () => {
+  it('allows an agent server several workers with checkpointing on (they are coordinated)', () => {
     const servers = [
       MODEL,
       'agent: { kind: agent, app: simple, port: 8103, model_server: policy, num_workers: 3 }',
     ];
-    const err = refusal(stack({ top: CHECKPOINT_ON, servers }));
-    const why =
-      "each worker would hold part of its sessions, and only model, environment and resources servers' " +
-      'workers are coordinated into one participant so far';
-    expect(err.message.split('\n')).toEqual([
-      `${SOURCE}: servers.agent.num_workers: checkpointing requires num_workers: 1 on an agent server (got 3): ${why}`,
-    ]);
+    const settings = parse(stack({ top: CHECKPOINT_ON, servers }));
+    expect(serverSettings(settings, 'agent').numWorkers).toBe(3);
   });
 
   it('allows an environment server several workers with checkpointing on (they are coordinated)', () => {
@@ -577,8 +572,8 @@ describe('checkpointing limits', () => {
   });
 
   it('reports every problem of a file at once', () => {
-    const agent = 'agent: { kind: agent, app: simple, port: 8104, num_workers: 3 }';
-    const second = 'agent2: { kind: agent, app: simple, port: 8105, num_workers: 2 }';
+    const agent = 'agent: { kind: agent, app: simple, port: 8104, model_server: nowhere }';
+    const second = 'agent2: { kind: agent, app: simple, port: 8104, num_workers: 2 }';
     const err = refusal(stack({ top: CHECKPOINT_ON, servers: [workers, agent, second, mcp] }));
     expect(err.message.split('\n')).toHaveLength(2);
   });

@@ -2,8 +2,8 @@
  * The `resources` server kind: what `ckpt-gym serve` and this package's bin start. With
  * `num_workers: N > 1` every forked worker routes each session's requests to the worker that owns
  * it (core's `SessionRouter`, on its own socket in the server's runtime directory), and with
- * checkpointing on the primary runs the resources coordinator (the participant) and each worker
- * its share, attached before it listens (`workers.ts`).
+ * checkpointing on the primary runs core's `SessionCoordinator` (the participant) and each worker
+ * its `SessionWorker`, attached before it listens.
  */
 import { ConfigError } from '@ckpt-gym/core/protocol';
 import {
@@ -12,13 +12,14 @@ import {
   newRoutingId,
   type ServerKindModule,
   serverSettings,
+  SessionCoordinator,
+  SessionWorker,
 } from '@ckpt-gym/core/server';
 
 import { createResourcesServer, type ResourcesServer } from './app.js';
 import { definitionFor, RESOURCES_APPS, resourcesServerConfig } from './config.js';
 import { checkDefinition } from './definition.js';
-import { ResourcesParticipant } from './participant.js';
-import { ResourcesCoordinator, ResourcesWorker } from './workers.js';
+import { ResourcesParticipant, type ResourcesSessionRecord } from './participant.js';
 
 /** Links a worker's participant and router to its coordinator, and serves its own socket. */
 async function attachWorker(server: ResourcesServer, options: FromStackOptions): Promise<void> {
@@ -27,7 +28,7 @@ async function attachWorker(server: ResourcesServer, options: FromStackOptions):
   await router.listen(server.app);
   const link = options.worker?.link;
   if (link && participant) {
-    await link.attach(new ResourcesWorker(participant, router, link, server.logger));
+    await link.attach(new SessionWorker(participant, router, link, server.logger));
   }
 }
 
@@ -75,11 +76,19 @@ export const resourcesKind: ServerKindModule<'resources'> = {
     coordinator(stack, name, { expectedWorkers, logger }) {
       const settings = serverSettings(stack, name);
       const declarations = checkDefinition(definitionFor(settings, stack.baseDir));
-      return new ResourcesCoordinator({
+      // Records are checked as the one-process participant checks them.
+      const records = new ResourcesParticipant(name, declarations);
+      return new SessionCoordinator<ResourcesSessionRecord>({
+        kind: 'resources',
         instance: name,
         expectedWorkers,
         logger,
-        records: new ResourcesParticipant(name, declarations),
+        records: {
+          validateRecord: (record, key) => records.validateRecord(record, key),
+          // A session's state spans requests: it is placed on a worker, never claimed.
+          claimedByRequest: () => false,
+          sessionOf: (record) => ({ id: record.session_id, owner: record.owner }),
+        },
       });
     },
   },

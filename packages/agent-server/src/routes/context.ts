@@ -17,6 +17,8 @@ export interface AgentServerContext<S> {
   readonly agent: Agent<S>;
   readonly sessions: AgentSessionTable<S>;
   readonly signer: SessionCookieSigner;
+  /** On a worker of a server with several workers: its routing id. */
+  readonly routingId: string | undefined;
   /** Present when the agent has session hooks and checkpointing is on. */
   readonly agentParticipant: AgentParticipant | undefined;
   /** Present when the agent has no session hooks and checkpointing is on. */

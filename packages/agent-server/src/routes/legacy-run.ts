@@ -16,8 +16,11 @@ import { gymRoute, type GymRoute } from '@ckpt-gym/core/server';
 import type { Agent, LegacyRunRequest } from '../agent.js';
 import { untrackedEpisode } from '../legacy-run.js';
 import { legacyKey } from '../participant.js';
+import { AGENT_WORKER_HEADER } from '../routing.js';
 import { type AgentSessionEntry, parseCookieHeader, seedFingerprint } from '../sessions.js';
 import { AGENT_BODY_LIMIT, type AgentServerContext, runSignal, stoppedBy } from './context.js';
+
+const NO_HEADERS: Readonly<Record<string, string>> = {};
 
 type LegacyRun = NonNullable<Agent<unknown>['legacyRun']>;
 
@@ -101,6 +104,8 @@ export function legacyRunRoute<S>(server: AgentServerContext<S>): GymRoute {
         body,
         episode: prefixed ?? episodeFromRunBody(body),
         selfUrl: `${req.protocol}://${req.headers.host ?? ''}`,
+        // The self-dispatch may land on another worker: it names this one, which runs the session.
+        selfHeaders: server.routingId ? { [AGENT_WORKER_HEADER]: server.routingId } : NO_HEADERS,
         cookies: parseCookieHeader(req.headers.cookie),
       };
       if (server.agentParticipant) return checkpointedRun(server, run, request);

@@ -154,7 +154,7 @@ export interface Seeded {
 
 /** Seeds a session for capture key `key` (rollout `rollout`, attempt `attempt`). */
 export async function seed(
-  h: Harness<unknown> | Harness,
+  h: { url: string; resources: { url: string } },
   id: string,
   rollout: string,
   options: { attempt?: number; tools?: unknown[]; signal?: AbortSignal } = {},

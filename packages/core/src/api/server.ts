@@ -244,6 +244,15 @@ export {
 } from '../workers/participant-worker.js';
 export { mergeReadiness, mergeStatuses, replyTimeoutMs } from '../workers/rules.js';
 export {
+  manifestOwners,
+  SESSION_MESSAGES,
+  SessionCoordinator,
+  type SessionCoordinatorOptions,
+  type SessionParticipant,
+  type SessionRecords,
+  SessionWorker,
+} from '../workers/session-coordinator.js';
+export {
   cleanStaleRuntimeDirs,
   createRuntimeDir,
   type RuntimeDir,

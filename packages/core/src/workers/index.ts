@@ -10,6 +10,7 @@ export * from './participant-worker.js';
 export * from './primary.js';
 export * from './rules.js';
 export * from './runtime-dir.js';
+export * from './session-coordinator.js';
 export * from './session-owners.js';
 export * from './session-placement.js';
 export * from './session-router.js';

@@ -117,8 +117,8 @@ export class ParticipantCoordinator<
 
   /**
    * Where the records without a claim key go: worker index → its records. The sessions of a
-   * resources or native agent server go to the live worker with the least load (issue 20, part 2
-   * overrides this); no kind places records yet, so any such record is refused.
+   * resources or native agent server go to the live worker with the least load
+   * (`SessionCoordinator` overrides this); any other kind's such record is refused.
    */
   protected place(records: readonly R[]): Map<number, R[]> {
     const [first] = records;

@@ -1,7 +1,9 @@
 /**
- * A resources server with several workers (`num_workers: N`) under checkpointing: one
- * participant, core's `ParticipantCoordinator`, with each worker running the one-process
- * resources participant for the sessions it owns. What resources add (docs/workers.md):
+ * A server kind whose state spans requests in sessions (resources, a native agent) with several
+ * workers (`num_workers: N`) under checkpointing: one participant, a `ParticipantCoordinator`,
+ * with each worker running the kind's one-process participant for the sessions it owns, and its
+ * `SessionRouter` sending every request of a session to the worker that owns it. What sessions
+ * add (docs/workers.md, "Sessions across workers"):
  *
  * - every worker registers its routing id; the manifest lists every owner a cookie may name at
  *   commit (the live workers, and the owners the exported records name), so a restore aliases
@@ -9,37 +11,31 @@
  * - a restore places every record of one pre-crash owner on one live worker, owners by load,
  *   sessions that name no owner one by one (`placeSessions`), and hands every worker's router the
  *   alias and placement tables before any worker installs (and a worker that joins later with its
- *   join state, every worker again on reopening);
+ *   join state, every worker again on reopening); records a request claims (an agent's legacy
+ *   `/run`) stay held in the coordinator as `ParticipantCoordinator` holds them;
  * - a commit exports one copy per session: a restored copy no request used, of a session seeded
  *   again on another worker, is freed and left out (`oneCopyPerSession`).
  */
+import { CheckpointError } from '../errors.js';
+import { captureKey, type EpisodeId } from '../identity.js';
+import type { JsonObject, JsonValue } from '../json.js';
+import type { Logger } from '../logging.js';
+import type { Participant } from '../participant.js';
+import type { CheckpointRecord, Manifest } from '../store.js';
+import type { WorkerMessage } from './coordinator.js';
 import {
-  captureKey,
-  CheckpointError,
-  type EpisodeId,
-  type JsonObject,
-  type JsonValue,
-} from '@ckpt-gym/core/protocol';
-import {
-  type CoordinatorCalls,
-  type Logger,
-  type Manifest,
-  oneCopyPerSession,
+  type CoordinatedRecords,
   PARTICIPANT_MESSAGES,
   ParticipantCoordinator,
-  ParticipantWorker,
-  type Placement,
-  placeSessions,
-  type RoutingState,
-  SessionRouter,
-  type WorkerInfo,
-  type WorkerMessage,
-} from '@ckpt-gym/core/server';
+} from './participant-coordinator.js';
+import { type CoordinatorCalls, ParticipantWorker } from './participant-worker.js';
+import type { SessionRef } from './session-owners.js';
+import { oneCopyPerSession, type Placement, placeSessions } from './session-placement.js';
+import { type RoutingState, SessionRouter } from './session-router.js';
+import type { WorkerInfo } from './types.js';
 
-import type { ResourcesParticipant, ResourcesSessionRecord } from './participant.js';
-
-/** The kind messages the resources coordinator adds. */
-export const RESOURCES_MESSAGES = {
+/** The kind messages a session coordinator adds. */
+export const SESSION_MESSAGES = {
   /** Coordinator → worker: adopt these routing tables now (a restore, before installing). */
   routing: 'session_routing',
   /** Coordinator → worker: the sessions you hold, each marked when an unused restored copy. */
@@ -56,7 +52,7 @@ const SESSION_OWNERS_KEY = 'session_owners';
 function routingIdOf(worker: WorkerInfo): string {
   const id = worker.registration.extra[ROUTING_ID_KEY];
   if (typeof id !== 'string') {
-    throw new CheckpointError(`resources worker ${worker.index} registered no routing id`);
+    throw new CheckpointError(`worker ${worker.index} registered no routing id`);
   }
   return id;
 }
@@ -67,15 +63,24 @@ export function manifestOwners(manifest: Manifest): string[] {
   return Array.isArray(owners) ? owners.filter((o): o is string => typeof o === 'string') : [];
 }
 
-export interface ResourcesCoordinatorOptions {
-  readonly instance: string;
-  readonly expectedWorkers: number;
-  readonly logger?: Logger;
-  /** Checks records as the one-process participant does (only its record checks are used). */
-  readonly records: Pick<ResourcesParticipant, 'validateRecord'>;
+/** A kind's session records: checked and claimed as `CoordinatedRecords`, and named by session. */
+export interface SessionRecords<R extends CheckpointRecord> extends CoordinatedRecords<R> {
+  /** The session a record no request claims holds, and the owner its cookie names (if any). */
+  sessionOf(record: R): SessionRef;
 }
 
-export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessionRecord> {
+export interface SessionCoordinatorOptions<R extends CheckpointRecord> {
+  readonly kind: 'resources' | 'agent';
+  readonly instance: string;
+  readonly expectedWorkers: number;
+  readonly logger?: Logger | undefined;
+  readonly records: SessionRecords<R>;
+}
+
+export class SessionCoordinator<
+  R extends CheckpointRecord = CheckpointRecord,
+> extends ParticipantCoordinator<R> {
+  readonly #records: SessionRecords<R>;
   /** Pre-crash owner → the routing id of the worker that holds its sessions; grows per restore. */
   readonly #aliases = new Map<string, string>();
   /** Session that names no owner → the routing id of the worker the last restore placed it on. */
@@ -92,18 +97,9 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
    */
   readonly #used = new Set<string>();
 
-  constructor(options: ResourcesCoordinatorOptions) {
-    super({
-      kind: 'resources',
-      instance: options.instance,
-      expectedWorkers: options.expectedWorkers,
-      logger: options.logger,
-      records: {
-        validateRecord: (record, key) => options.records.validateRecord(record, key),
-        // A session's state spans requests: it is placed on a worker, never claimed.
-        claimedByRequest: () => false,
-      },
-    });
+  constructor(options: SessionCoordinatorOptions<R>) {
+    super(options);
+    this.#records = options.records;
   }
 
   #routingState(): JsonObject {
@@ -111,7 +107,7 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
   }
 
   override handle(worker: WorkerInfo, kind: string, body: JsonValue): Promise<unknown> {
-    if (kind !== RESOURCES_MESSAGES.used) return super.handle(worker, kind, body);
+    if (kind !== SESSION_MESSAGES.used) return super.handle(worker, kind, body);
     for (const key of (body as { keys: string[] }).keys) this.#used.add(key);
     return Promise.resolve({});
   }
@@ -130,16 +126,21 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
 
   // --- commit -----------------------------------------------------------------------------------
 
-  override async export(scope: readonly EpisodeId[] | null): Promise<ResourcesSessionRecord[]> {
+  override async export(scope: readonly EpisodeId[] | null): Promise<R[]> {
     await this.#oneCopyPerSession();
     const records = await super.export(scope);
-    this.#exportedOwners = new Set(records.flatMap((r) => (r.owner ? [r.owner] : [])));
+    this.#exportedOwners = new Set(
+      records.flatMap((r) => {
+        const owner = this.#claimedHere(r) ? undefined : this.#records.sessionOf(r).owner;
+        return owner === undefined ? [] : [owner];
+      }),
+    );
     return records;
   }
 
   /** Frees the unused restored copies of sessions another worker holds live. */
   async #oneCopyPerSession(): Promise<void> {
-    const replies = await this.broadcast(RESOURCES_MESSAGES.copies, {});
+    const replies = await this.broadcast(SESSION_MESSAGES.copies, {});
     const copies = [...replies].flatMap(([worker, reply]) =>
       (reply as unknown as { id: string; unused: boolean }[]).map((c) => ({
         worker,
@@ -149,9 +150,12 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
     );
     const { stale, conflicts } = oneCopyPerSession(copies);
     for (const sessionId of conflicts) {
-      this.logger.error('a resources session is live on several workers; one copy is exported', {
-        session_id: sessionId,
-      });
+      this.logger.error(
+        `a ${this.label} session is live on several workers; one copy is exported`,
+        {
+          session_id: sessionId,
+        },
+      );
     }
     const byWorker = new Map<number, string[]>();
     for (const copy of stale)
@@ -160,7 +164,7 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
     const messages = new Map<number, WorkerMessage>(
       [...byWorker].map(([worker, ids]) => [
         worker,
-        { kind: RESOURCES_MESSAGES.freeUnused, body: { session_ids: ids } },
+        { kind: SESSION_MESSAGES.freeUnused, body: { session_ids: ids } },
       ]),
     );
     await this.callEach(messages);
@@ -180,19 +184,18 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
   }
 
   /** Places the records, hands every router the tables, then installs (`place` below). */
-  override async install(
-    records: ResourcesSessionRecord[],
-    scope: readonly EpisodeId[],
-  ): Promise<void> {
+  override async install(records: R[], scope: readonly EpisodeId[]): Promise<void> {
     this.checkRestore();
     this.#used.clear();
     const workers = this.workers().map((w) => ({ index: w.index, routingId: routingIdOf(w) }));
-    const sessions = records.map((r) => ({ id: r.session_id, owner: r.owner }));
+    const sessions = records
+      .filter((r) => !this.#claimedHere(r))
+      .map((r) => this.#records.sessionOf(r));
     const placement = placeSessions({ sessions, owners: this.#restoringOwners }, workers);
     for (const [owner, to] of placement.aliases) this.#aliases.set(owner, to);
     this.#placements = new Map(placement.placements);
     // Before any worker holds a restored session, every router sends its requests there.
-    await this.broadcast(RESOURCES_MESSAGES.routing, this.#routingState());
+    await this.broadcast(SESSION_MESSAGES.routing, this.#routingState());
     this.#placement = placement;
     try {
       await super.install(records, scope);
@@ -201,16 +204,19 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
     }
   }
 
-  protected override place(
-    records: readonly ResourcesSessionRecord[],
-  ): Map<number, ResourcesSessionRecord[]> {
+  /** A record whose state lives inside one request: held here for a claim, never placed. */
+  #claimedHere(record: R): boolean {
+    return this.#records.claimedByRequest(record);
+  }
+
+  protected override place(records: readonly R[]): Map<number, R[]> {
     const workerOf = new Map<string, number>();
     for (const [index, ids] of this.#placement?.sessions ?? []) {
       for (const id of ids) workerOf.set(id, index);
     }
-    const placed = new Map<number, ResourcesSessionRecord[]>();
+    const placed = new Map<number, R[]>();
     for (const record of records) {
-      const index = workerOf.get(record.session_id);
+      const index = workerOf.get(this.#records.sessionOf(record).id);
       if (index === undefined) return super.place(records);
       placed.set(index, [...(placed.get(index) ?? []), record]);
     }
@@ -226,9 +232,21 @@ export class ResourcesCoordinator extends ParticipantCoordinator<ResourcesSessio
   }
 }
 
-/** One worker of a resources server with several workers: its participant and its router. */
-export class ResourcesWorker extends ParticipantWorker<ResourcesSessionRecord> {
-  readonly #participant: ResourcesParticipant;
+/** What a session worker needs of its kind's one-process participant beyond `Participant`. */
+export interface SessionParticipant<R extends CheckpointRecord> extends Participant<R> {
+  /** How many episodes `restoredPending` lists, without listing them. */
+  readonly restoredPendingCount: number;
+  /** The sessions held here, each marked when it is a restored copy no request used yet. */
+  sessionCopies(): { id: string; unused: boolean }[];
+  /** Frees restored copies no request used (another worker's copy is live); a used one stays. */
+  freeUnused(sessionIds: readonly string[]): Promise<void>;
+}
+
+/** One worker of a session kind with several workers: its participant and its router. */
+export class SessionWorker<
+  R extends CheckpointRecord = CheckpointRecord,
+> extends ParticipantWorker<R> {
+  readonly #participant: SessionParticipant<R>;
   readonly #router: SessionRouter;
   readonly #link: CoordinatorCalls;
   readonly #logger: Logger;
@@ -236,7 +254,7 @@ export class ResourcesWorker extends ParticipantWorker<ResourcesSessionRecord> {
   #pending = new Set<string>();
 
   constructor(
-    participant: ResourcesParticipant,
+    participant: SessionParticipant<R>,
     router: SessionRouter,
     link: CoordinatorCalls,
     logger: Logger,
@@ -260,7 +278,7 @@ export class ResourcesWorker extends ParticipantWorker<ResourcesSessionRecord> {
     const keys = [...this.#pending].filter((key) => !now.has(key));
     this.#pending = now;
     if (keys.length === 0) return;
-    this.#link.call(RESOURCES_MESSAGES.used, { keys }).catch((err: unknown) =>
+    this.#link.call(SESSION_MESSAGES.used, { keys }).catch((err: unknown) =>
       this.#logger.warn('could not tell the coordinator of restored sessions used', {
         error: String(err),
       }),
@@ -278,12 +296,12 @@ export class ResourcesWorker extends ParticipantWorker<ResourcesSessionRecord> {
 
   override async handle(kind: string, body: JsonValue): Promise<unknown> {
     switch (kind) {
-      case RESOURCES_MESSAGES.routing:
+      case SESSION_MESSAGES.routing:
         this.#router.adopt(body as unknown as RoutingState);
         return {};
-      case RESOURCES_MESSAGES.copies:
+      case SESSION_MESSAGES.copies:
         return this.#participant.sessionCopies();
-      case RESOURCES_MESSAGES.freeUnused:
+      case SESSION_MESSAGES.freeUnused:
         await this.#participant.freeUnused((body as { session_ids: string[] }).session_ids);
         return {};
       case PARTICIPANT_MESSAGES.install: {
