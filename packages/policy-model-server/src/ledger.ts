@@ -65,8 +65,15 @@ const BATCH_CONCURRENCY = 64;
 const BATCH_SLICE = 32;
 /** Back-off while another process holds a stripe: polls up to every 50 ms, ~100 s in all. */
 const LOCK_RETRIES = { retries: 2000, factor: 1.2, minTimeout: 1, maxTimeout: 50 };
-/** proper-lockfile's default: a lock whose mtime is older is a dead holder's, and taken over. */
-const LOCK_STALE_MS = 10_000;
+/**
+ * A lock whose mtime is older than this is a dead holder's, and taken over. Its holder refreshes
+ * it every LOCK_UPDATE_MS on a timer, so the threshold is what a holder's event loop may lag: at
+ * 16,000 rollouts on two cores (load average 15) proper-lockfile's 10 s was passed, a worker's
+ * held lock was taken over and its write failed. The price is the wait for a lock a crashed
+ * holder left, at most this long, and only when it crashed while holding one (mid-append).
+ */
+const LOCK_STALE_MS = 30_000;
+const LOCK_UPDATE_MS = 1000;
 
 /** Runs a synchronous file call and answers its callback on the next tick, as an async one would. */
 function callNow<T>(call: () => T, callback: (err: unknown, value?: T) => void): void {
@@ -388,16 +395,25 @@ export class CaptureLedger {
   readonly #prefix: string;
 
   /** Options of every stripe lock (its stale threshold: tests shorten it). */
-  readonly #lockOptions: { realpath: false; stale: number; fs: typeof LOCK_FS };
+  readonly #lockOptions: lockfile.LockOptions;
 
   constructor(
     readonly dir: string,
-    options: { lockStaleMs?: number } = {},
+    options: {
+      lockStaleMs?: number;
+      /** Told when a held stripe lock was taken over (by default a process warning). */
+      onLockLost?: (err: Error) => void;
+    } = {},
   ) {
     this.#lockOptions = {
       realpath: false,
       stale: options.lockStaleMs ?? LOCK_STALE_MS,
+      update: LOCK_UPDATE_MS,
       fs: LOCK_FS,
+      // proper-lockfile's default throws from a timer, ending the process and every call in it.
+      onCompromised:
+        options.onLockLost ??
+        ((err) => process.emitWarning(`capture ledger: a stripe lock was lost: ${err.message}`)),
     };
     this.#sharedFence = join(dir, LOCK_DIR, SHARED_FENCE);
     this.#prefix = join(dir, sep);
@@ -520,6 +536,9 @@ export class CaptureLedger {
       return async () => {
         try {
           await unlock();
+        } catch (err) {
+          // A lock taken over is no longer ours to release (`onLockLost` was told).
+          if ((err as NodeJS.ErrnoException).code !== 'ERELEASED') throw err;
         } finally {
           leave();
         }

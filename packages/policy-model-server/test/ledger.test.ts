@@ -1,5 +1,5 @@
 import { execFile, execFileSync } from 'node:child_process';
-import { closeSync, constants, openSync } from 'node:fs';
+import { closeSync, constants, openSync, utimesSync } from 'node:fs';
 import { mkdir, open, readdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
@@ -621,6 +621,23 @@ describe('CaptureLedger files', () => {
       }
     });
     expect(answer).toBe('ELOCKED');
+  });
+
+  it('a held stripe lock taken over by another process is a warning, not the end of this one', async () => {
+    let lost!: (err: Error) => void;
+    const warned = new Promise<Error>((resolve) => (lost = resolve));
+    const ledger = await new CaptureLedger(await tempDir(), { onLockLost: lost }).init();
+    const lockDir = join(ledger.dir, '.locks', `stripe-${lockStripe('r')}.lock`);
+    const written = await ledger.withRolloutLock('r', async () => {
+      // As a process that judged it stale would: remove it and take it, with a mtime of its own.
+      await rm(lockDir, { recursive: true });
+      await mkdir(lockDir);
+      const old = new Date(Date.now() - 60_000);
+      utimesSync(lockDir, old, old);
+      expect((await warned).message).toMatch(/Unable to update lock/);
+      return ledger.exportRows('r');
+    });
+    expect(written).toEqual([]);
   });
 
   it('serialises appends of one rollout from many callers (one lock per rollout)', async () => {
