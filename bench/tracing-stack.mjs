@@ -95,9 +95,10 @@ async function drive(clients, stack, stopped) {
 }
 
 /** One block: both stacks launched, driven together, measured over SECONDS, stopped. */
-async function block(clients, sink, tracingOfA) {
-  const tracingOfB = flags.aa ? false : !tracingOfA;
-  const stacks = await Promise.all([launch(tracingOfA, sink), launch(tracingOfB, sink)]);
+async function block(clients, sink, aTraces) {
+  // --aa: neither stack traces, whichever block it is.
+  const tracing = flags.aa ? [false, false] : [aTraces, !aTraces];
+  const stacks = await Promise.all(tracing.map((on) => launch(on, sink)));
   let stopped = false;
   const driving = stacks.map((stack) => drive(clients, stack, () => stopped));
   try {
