@@ -70,7 +70,11 @@ export function snapshotOf(reply: unknown, handed: HandedLedgers): PolicyWorkerS
   return snapshot;
 }
 
-/** The ledgers a worker hands: their index and their rows' texts as bytes. */
+/**
+ * The ledgers a worker hands: their index and their rows' texts as bytes. Each line is encoded
+ * once, straight into the one buffer (no joined string, which a commit at 8k rollouts spent about
+ * as long building and encoding again as the rest of the snapshot).
+ */
 export function handLedgers(ledgers: readonly AppendedLedger[]): {
   index: HandedLedgerIndex;
   bytes: Buffer;
@@ -78,19 +82,36 @@ export function handLedgers(ledgers: readonly AppendedLedger[]): {
   const index = { keys: [], rows: [], ids: [], staging: [], lengths: [] } as {
     [F in keyof HandedLedgerIndex]: HandedLedgerIndex[F][number][];
   };
-  const texts: string[] = [];
+  let total = 0;
   for (const { key, rows, lines } of ledgers) {
     index.keys.push(key);
     index.rows.push(rows.length);
     for (const [i, row] of rows.entries()) {
       index.ids.push(String(row.model_call_id));
       index.staging.push(rowStagingKey(row) ?? null);
-      index.lengths.push(Buffer.byteLength(lines[i]!));
+      const length = Buffer.byteLength(lines[i]!);
+      index.lengths.push(length);
+      total += length;
     }
-    texts.push(lines.join(','));
   }
-  return { index, bytes: Buffer.from(texts.join('')) };
+  total += index.lengths.length - index.keys.length; // the commas between a key's rows
+  return { index, bytes: joinedBytes(ledgers, total) };
 }
+
+/** Every key's lines, each key's joined by commas, written into one buffer of `total` bytes. */
+function joinedBytes(ledgers: readonly AppendedLedger[], total: number): Buffer {
+  const bytes = Buffer.allocUnsafe(total);
+  let at = 0;
+  for (const { rows, lines } of ledgers) {
+    for (let i = 0; i < rows.length; i++) {
+      if (i > 0) bytes[at++] = COMMA;
+      at += bytes.write(lines[i]!, at, 'utf8');
+    }
+  }
+  return bytes;
+}
+
+const COMMA = 0x2c;
 
 /** One key's kept rows, as views of the bytes a worker handed. */
 export interface KeptRows {
@@ -160,8 +181,7 @@ export class HandedLedgers {
     const handed = this.#keys.get(key);
     if (handed === undefined) return undefined;
     const { index, row, count } = handed;
-    const ids = undelivered.size === 0 ? [] : index.ids.slice(row, row + count);
-    if (!ids.some((id) => undelivered.has(id))) return new WholeKey(handed);
+    if (!anyOf(index.ids, row, count, undelivered)) return new WholeKey(handed);
     const texts: Uint8Array[] = [];
     const staging: string[] = [];
     for (const [n, text] of rowTexts(handed).entries()) {
@@ -173,6 +193,13 @@ export class HandedLedgers {
     const joined = texts.flatMap((text, i) => (i === 0 ? [text] : [',', text]));
     return { texts, joined, staging };
   }
+}
+
+/** Whether any of `count` ids from `row` is in `set` (no slice per key: a commit asks 8k times). */
+function anyOf(ids: readonly string[], row: number, count: number, set: ReadonlySet<string>): boolean {
+  if (set.size === 0) return false;
+  for (let i = row; i < row + count; i++) if (set.has(ids[i]!)) return true;
+  return false;
 }
 
 /** Each row's text of a handed key, as views of the handed bytes. */
@@ -199,9 +226,11 @@ class WholeKey implements KeptRows {
     const { index, bytes, row, count, start, end } = handed;
     this.#handed = handed;
     this.joined = [bytes.subarray(start, end)];
-    this.staging = index.staging
-      .slice(row, row + count)
-      .filter((key): key is string => typeof key === 'string');
+    this.staging = [];
+    for (let i = row; i < row + count; i++) {
+      const key = index.staging[i];
+      if (typeof key === 'string') this.staging.push(key);
+    }
   }
 
   get texts(): Uint8Array[] {

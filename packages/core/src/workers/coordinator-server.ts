@@ -11,6 +11,7 @@ import type { Logger } from '../logging.js';
 import type { ControlTarget } from '../control/routes.js';
 import { CONTROL_ROUTES, type ControlRoute } from '../control/schemas.js';
 import { Channel } from './channel.js';
+import { WithBytes } from './frames.js';
 import type { WorkerCoordinator } from './coordinator.js';
 import type { NumberedReport, WorkerInfo, WorkerRegistration } from './types.js';
 
@@ -48,7 +49,9 @@ export async function runForwarded(
   }
   const abort = new AbortController();
   channel.onClose(() => abort.abort(new Error('the worker that forwarded this call is gone')));
-  return target.call(forwarded.route, forwarded.body, abort.signal, forwarded.trace);
+  const reply = await target.call(forwarded.route, forwarded.body, abort.signal, forwarded.trace);
+  // As the HTTP reply's text (what `res.json` writes), which the worker sends as it is.
+  return new WithBytes(null, Buffer.from(JSON.stringify(reply)));
 }
 
 /** Serves `coordinator` (and `target`, its plane) on `socketPath`; resolves once listening. */

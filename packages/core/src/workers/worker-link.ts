@@ -11,10 +11,10 @@ import { CoordinatorUnavailableError, isCkptGymError } from '../errors.js';
 import { episodeIdFromJson } from '../identity.js';
 import type { JsonObject, JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
-import type { ControlTarget } from '../control/routes.js';
+import { type ControlTarget, EncodedReply } from '../control/routes.js';
 import type { MetricsJson } from '../telemetry/metrics.js';
 import { Channel } from './channel.js';
-import type { WithBytes } from './frames.js';
+import { WithBytes } from './frames.js';
 import type { ForwardedControl } from './coordinator-server.js';
 import { replyTimeoutMs, reportRetryDelayMs } from './rules.js';
 import {
@@ -133,8 +133,14 @@ export class WorkerLink {
       this.call('control', forwarded, timeoutMs) as Promise<object>;
     return {
       status: () => forward({ route: 'status', body: null }, MESSAGE_TIMEOUT_MS),
-      call: (route, body, _signal, trace = {}) =>
-        forward({ route, body: body as JsonValue, trace }, forwardTimeoutMs(body)),
+      // The coordinator answers a route with its HTTP reply's text (`runForwarded`).
+      call: async (route, body, _signal, trace = {}) => {
+        const reply = await forward(
+          { route, body: body as JsonValue, trace },
+          forwardTimeoutMs(body),
+        );
+        return reply instanceof WithBytes ? new EncodedReply(reply.bytes) : reply;
+      },
       metrics: () =>
         forward({ route: 'metrics', body: null }, MESSAGE_TIMEOUT_MS) as Promise<MetricsJson>,
     };

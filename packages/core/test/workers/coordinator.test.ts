@@ -1,7 +1,7 @@
 import express from 'express';
 import got from 'got';
 
-import { installControlPlane, planeTarget } from '../../src/control/routes.js';
+import { EncodedReply, installControlPlane, planeTarget } from '../../src/control/routes.js';
 import { InvalidPhaseError } from '../../src/errors.js';
 import { captureKey, episodeId } from '../../src/identity.js';
 import type { JsonValue } from '../../src/json.js';
@@ -298,7 +298,13 @@ describe('control calls forwarded by a worker', () => {
         ...(json === undefined ? {} : { json }),
         throwHttpErrors: false,
       });
-      return [res.statusCode, JSON.parse(res.body) as unknown, res.headers['x-should-retry']];
+      return [
+        res.statusCode,
+        JSON.parse(res.body) as unknown,
+        res.headers['x-should-retry'],
+        res.headers['content-type'],
+        res.body,
+      ];
     };
     const calls: [string, unknown?][] = [
       ['status'],
@@ -317,6 +323,22 @@ describe('control calls forwarded by a worker', () => {
     expect(
       (await ask(servers[1]!.url, 'renew', { checkpoint_id: 'c1', deadline_ts: now() + 5 }))[0],
     ).toBe(409);
+  });
+
+  test("a route's reply reaches the worker as the coordinator's JSON text, which it sends as it came", async () => {
+    const toy = await startToy(1);
+    const one = await toy.worker(1);
+    const signal = new AbortController().signal;
+    const reply = await one.link
+      .controlTarget()
+      .call('prepare', { checkpoint_id: 'c1', deadline_ts: now() + 5 }, signal);
+    expect(reply).toBeInstanceOf(EncodedReply);
+    const direct = await planeTarget(toy.plane).call(
+      'prepare',
+      { checkpoint_id: 'c1', deadline_ts: now() + 5 },
+      signal,
+    );
+    expect(Buffer.from((reply as EncodedReply).json).toString('utf8')).toBe(JSON.stringify(direct));
   });
 });
 
