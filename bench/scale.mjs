@@ -528,7 +528,7 @@ async function main() {
     }
     const failedReasons = new Map();
     for (const reason of failedBefore.values()) {
-      const key = JSON.stringify(reason).slice(0, 160);
+      const key = JSON.stringify(reason).slice(0, 400);
       failedReasons.set(key, (failedReasons.get(key) ?? 0) + 1);
     }
     const serverTimingsMs = serverTimings(handle);

@@ -9,6 +9,7 @@
  */
 import {
   type Agent,
+  type ClientRequest,
   request as httpRequest,
   type IncomingMessage,
   type OutgoingHttpHeaders,
@@ -60,6 +61,10 @@ const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'upg
 const REPLY_HOP_BY_HOP = new Set([...HOP_BY_HOP, 'transfer-encoding']);
 /** A connect that says the owner's worker is gone: no socket file, or nobody listening on it. */
 const GONE = new Set(['ENOENT', 'ECONNREFUSED']);
+/** The owner's socket's listen backlog (the kernel caps it at net.core.somaxconn). */
+const FORWARD_BACKLOG = 65_535;
+/** Connects tried while the owner's backlog is full, 5 ms apart and doubling up to 200 ms. */
+const FORWARD_CONNECT_TRIES = 12;
 
 export function workerSocketPath(socketDir: string, routingId: string): string {
   return join(socketDir, `${routingId}.sock`);
@@ -161,7 +166,9 @@ export class SessionRouter {
       server.once('error', reject);
       // Exclusive: in a cluster worker the socket is this process's own, not a handle the primary
       // shares (a dead worker's socket then refuses, and nothing passes through the primary).
-      server.listen({ path, exclusive: true }, () => {
+      // A deep backlog (the kernel caps it at somaxconn): a burst of forwarded connections
+      // queues instead of failing with EAGAIN.
+      server.listen({ path, exclusive: true, backlog: FORWARD_BACKLOG }, () => {
         server.off('error', reject);
         resolve();
       });
@@ -197,6 +204,33 @@ export class SessionRouter {
    * served here, as a new session would be.
    */
   #forward(owner: string, req: IncomingMessage, res: ServerResponse, next: NextFunction): void {
+    let out: ClientRequest | undefined;
+    // The caller went away: so does the forwarded request.
+    res.once('close', () => {
+      if (!res.writableFinished) out?.destroy();
+    });
+    const attempt = (tries: number): void => {
+      out = this.#request(owner, req, res, next, (err) => {
+        // EAGAIN: the owner's listen backlog is full (a burst of connections, thousands of
+        // replacements at once). Nothing was sent yet, so connecting again is safe.
+        if (err.code === 'EAGAIN' && tries < FORWARD_CONNECT_TRIES && !res.destroyed) {
+          setTimeout(() => attempt(tries + 1), Math.min(5 * 2 ** tries, 200));
+          return true;
+        }
+        return false;
+      });
+    };
+    attempt(0);
+  }
+
+  /** One try at the owner's socket; `retry` may take a failed connect before anything was sent. */
+  #request(
+    owner: string,
+    req: IncomingMessage,
+    res: ServerResponse,
+    next: NextFunction,
+    retry: (err: NodeJS.ErrnoException) => boolean,
+  ): ClientRequest {
     const out = httpRequest({
       socketPath: workerSocketPath(this.#options.socketDir, owner),
       agent: this.#agent(owner),
@@ -218,16 +252,14 @@ export class SessionRouter {
       reply.pipe(res);
       reply.once('error', () => res.destroy());
     });
-    // The caller went away: so does the forwarded request.
-    res.once('close', () => {
-      if (!res.writableFinished) out.destroy();
-    });
     out.once('error', (err: NodeJS.ErrnoException) => {
       if (res.headersSent) {
         res.destroy();
       } else if (!sent && GONE.has(err.code ?? '')) {
         this.#ownerGone(owner, err);
         next();
+      } else if (!sent && retry(err)) {
+        return;
       } else if (err.code === 'EAGAIN') {
         sendError(
           res,
@@ -242,6 +274,7 @@ export class SessionRouter {
         );
       }
     });
+    return out;
   }
 
   #ownerGone(owner: string, err: NodeJS.ErrnoException): void {

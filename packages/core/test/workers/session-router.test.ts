@@ -1,12 +1,14 @@
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, request, type Server } from 'node:http';
-import type { AddressInfo } from 'node:net';
+import { type AddressInfo, connect } from 'node:net';
 
 import express, { type Express } from 'express';
 
 import { createLogger } from '../../src/logging.js';
 import { newRoutingId, ownedName, parseOwnedName } from '../../src/workers/session-owners.js';
-import { SessionRouter } from '../../src/workers/session-router.js';
+import { SessionRouter, workerSocketPath } from '../../src/workers/session-router.js';
 
 const logger = createLogger({ server: 'router-test', kind: 'resources', level: 'error' });
 const SESSION_HEADER = 'x-test-session';
@@ -138,6 +140,31 @@ describe('SessionRouter', () => {
       req.end();
     });
     expect(chunks.join('')).toBe(`data: first from ${b.id}\n\ndata: last\n\n`);
+  });
+
+  it('a forwarded request waits while the owner’s listen backlog is full, then reaches it', async () => {
+    const a = await worker();
+    const owner = newRoutingId();
+    const path = workerSocketPath(dir, owner);
+    // The owner: backlog 1, its event loop blocked a while, so connections pile up unaccepted.
+    const script = `const s = require('node:http').createServer((req, res) => { let b = ''; req.on('data', (c) => (b += c)); req.on('end', () => res.end(JSON.stringify({ served_by: 'owner', body: b }))); });
+      s.listen({ path: ${JSON.stringify(path)}, backlog: 1 }, () => process.send('listening'));
+      process.on('message', () => { process.send('blocking'); Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 800); });`;
+    const child = spawn(process.execPath, ['-e', script], {
+      stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    });
+    try {
+      await once(child, 'message');
+      child.send('block');
+      await once(child, 'message');
+      const fillers = Array.from({ length: 4 }, () => connect(path).on('error', () => {}));
+      await new Promise((resolve) => setTimeout(resolve, 50));
+      const reply = await post(a, ownedName({ id: 's1', owner }), 'waited');
+      expect(reply.json).toEqual({ served_by: 'owner', body: 'waited' });
+      for (const filler of fillers) filler.destroy();
+    } finally {
+      child.kill('SIGKILL');
+    }
   });
 
   it('an owner whose worker is gone is served here, body intact, as a new session would be', async () => {
