@@ -45,6 +45,7 @@ import { parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { restoreFloor } from './lib/floor.mjs';
+import { netdevMaxBacklog, networkCounters, networkCountersSince } from './lib/network.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
 import {
   cpuByServer,
@@ -305,6 +306,7 @@ function printCommit(commitS, timingsMs, cpuMs, processes) {
 
 async function main() {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-scale-'));
+  const networkBefore = networkCounters();
   const source = join(runDir, 'stack.source.yaml');
   // The backend's port is fixed up front: the policy model names it by URL.
   writeFileSync(source, stackYaml(await freePort('127.0.0.1')));
@@ -387,9 +389,10 @@ async function main() {
             ),
         );
       for (;;) {
-        const { count } = await backend('/_ctl/call_count');
+        // Held means waiting at the backend now: a count of calls made includes retried ones.
+        const { count, waiting } = await backend('/_ctl/call_count');
         const replied = finishedBefore.size + failedBefore.size;
-        if (count >= 2 * (ROLLOUTS - replied)) return;
+        if (waiting >= ROLLOUTS - replied) return;
         if (count !== last) [last, progressAt] = [count, Date.now()];
         if (Date.now() - progressAt > STALL_MS) {
           // Sessions seeded before the first model call are progress too (a loaded machine).
@@ -563,6 +566,7 @@ async function main() {
       model_prepare_counts: stageReplies.policy?.report?.counts ?? null,
       staging_keys_retained: committed.policy?.staging_keys?.length ?? 0,
       replacement_failures: [...failures.entries()].sort((a, b) => b[1] - a[1]).slice(0, 5),
+      network: { netdev_max_backlog: netdevMaxBacklog(), ...networkCountersSince(networkBefore) },
       targets: {
         [`prepare_le_${LIMITS_S.prepare}_s`]: timings.prepare <= LIMITS_S.prepare,
         [`commit_le_${LIMITS_S.commit}_s`]: timings.commit <= LIMITS_S.commit,
@@ -585,6 +589,11 @@ async function main() {
         `continued ${continued}, failed ${exported.length - continued}`,
     );
     console.log(`records bytes: ${JSON.stringify(recordsBytes)}`);
+    console.log(
+      `network during the run: ${result.network.backlog_drops} packets dropped from a full input ` +
+        `backlog (net.core.netdev_max_backlog ${result.network.netdev_max_backlog}), ` +
+        `${result.network.tcp_aborts_on_timeout} connections aborted on timeout`,
+    );
     printCommit(timings.commit, serverTimingsMs, cpuMs, processes);
     console.log(
       '\nRESTORE FLOOR              WALL (ms)  CPU (ms)  RESTORE / FLOOR  SLOWEST PARTICIPANT',

@@ -4,7 +4,10 @@
  * calls (prepare, commit, resume, generation cuts) travel on a reserved pool so they never queue
  * behind them.
  */
-import { Agent } from 'node:http';
+import { Agent, type AgentOptions, type ClientRequestArgs } from 'node:http';
+import { Agent as HttpsAgent, type AgentOptions as HttpsAgentOptions } from 'node:https';
+import type { Duplex } from 'node:stream';
+import type { Socket } from 'node:net';
 
 import got, { type BeforeRequestHook, type Got, HTTPError, RequestError, type Response } from 'got';
 
@@ -19,8 +22,75 @@ import { injectTraceContext } from './telemetry/request-spans.js';
 
 /** Idle keep-alive sockets are closed after this long (the server's shorter hint wins). */
 export const KEEP_ALIVE_IDLE_MS = 15_000;
-/** TCP keep-alive probes start after this much silence on a socket. */
+/** TCP keep-alive probes start after this much silence on a socket (not on loopback). */
 export const TCP_KEEP_ALIVE_INITIAL_DELAY_MS = 60_000;
+
+/** True for an address of this host's loopback (127.0.0.0/8, ::1, or IPv4-mapped 127.x). */
+export function isLoopbackAddress(address: string | undefined): boolean {
+  if (address === undefined) return false;
+  const v4 = address.startsWith('::ffff:') ? address.slice('::ffff:'.length) : address;
+  return v4.startsWith('127.') || address === '::1';
+}
+
+/**
+ * Whether a connection to `remoteAddress` sends TCP keep-alive probes: not on loopback. There a
+ * peer that dies is closed by the kernel at once, so probes find nothing, and they can kill a
+ * live call: on a saturated host the loopback's input backlog drops packets, data is retransmitted
+ * but a probe is not, and ten probes dropped in a row (libuv's 10 × 1 s) abort an idle, held
+ * connection with ETIMEDOUT. Across a network, probes are what finds a peer that vanished.
+ */
+export function sendsTcpKeepAlive(remoteAddress: string | undefined): boolean {
+  return !isLoopbackAddress(remoteAddress);
+}
+
+// A mixin's base must take `any[]` (TypeScript's rule for mixin constructors).
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AgentClass = new (...args: any[]) => Agent;
+
+/** `Base` (node's http or https agent) whose sockets probe only where `sendsTcpKeepAlive`. */
+function probingOffLoopback<B extends AgentClass>(Base: B) {
+  return class extends Base {
+    override createConnection(
+      options: ClientRequestArgs,
+      callback?: (err: Error | null, socket: Duplex) => void,
+    ): Duplex {
+      // Probes wait for the peer's address; node's agent would turn them on before the connect.
+      const noProbes = { ...options, keepAlive: false } as ClientRequestArgs;
+      const socket = super.createConnection(noProbes, callback) as Socket;
+      socket.once('connect', () => applyTcpKeepAlive(socket));
+      return socket;
+    }
+
+    // @types/node says void, but node's agent pools the socket only when this returns true.
+    override keepSocketAlive(socket: Duplex): void {
+      const keep = Base.prototype.keepSocketAlive as unknown as (socket: Duplex) => boolean;
+      const kept = keep.call(this, socket); // turns probes on for every pooled socket
+      applyTcpKeepAlive(socket as Socket);
+      return kept as unknown as void;
+    }
+  };
+}
+
+const PooledAgent = probingOffLoopback(Agent);
+const PooledHttpsAgent = probingOffLoopback(HttpsAgent);
+
+/** node's http agent, its sockets sending TCP keep-alive probes only off loopback. */
+export function pooledHttpAgent(options: AgentOptions): Agent {
+  return new PooledAgent(options);
+}
+
+/** node's https agent, its sockets sending TCP keep-alive probes only off loopback. */
+export function pooledHttpsAgent(options: HttpsAgentOptions): HttpsAgent {
+  return new PooledHttpsAgent(options);
+}
+
+function applyTcpKeepAlive(socket: Socket): void {
+  if (sendsTcpKeepAlive(socket.remoteAddress)) {
+    socket.setKeepAlive(true, TCP_KEEP_ALIVE_INITIAL_DELAY_MS);
+  } else {
+    socket.setKeepAlive(false);
+  }
+}
 
 export const DEFAULT_CONTROL_POOL: PoolLimits = {
   maxTotalSockets: DEFAULT_CONTROL_CONNECTION_LIMIT,
@@ -54,7 +124,7 @@ function agentLimit(pool: string, key: string, value: number): number {
 }
 
 function keepAliveAgent(pool: string, limits: PoolLimits): Agent {
-  return new Agent({
+  return new PooledAgent({
     keepAlive: true,
     keepAliveMsecs: TCP_KEEP_ALIVE_INITIAL_DELAY_MS,
     timeout: KEEP_ALIVE_IDLE_MS,

@@ -1,15 +1,18 @@
 import type { AddressInfo } from 'node:net';
 import type { Server } from 'node:http';
+import { networkInterfaces } from 'node:os';
 
 import express, { type Request, type Response } from 'express';
 
 import { ConfigError } from '../src/errors.js';
+import { tcpKeepAliveTimerOn } from '../src/testing/tcp-timers.js';
 import {
   ControlHttpError,
   ControlReplyError,
   ControlTimeoutError,
   createHttpClients,
   getControl,
+  isLoopbackAddress,
   postControl,
   type HttpClients,
 } from '../src/http-client.js';
@@ -21,7 +24,10 @@ interface Seen {
 }
 
 /** A loopback server: `/hang` never replies, `/reply/<status>` answers with the body given per status. */
-async function startServer(replies: Record<string, { status: number; body: string }> = {}) {
+async function startServer(
+  replies: Record<string, { status: number; body: string }> = {},
+  host = '127.0.0.1',
+) {
   const seen: Seen[] = [];
   const hanging: Response[] = [];
   const app = express();
@@ -36,9 +42,9 @@ async function startServer(replies: Record<string, { status: number; body: strin
     res.status(reply.status).type('application/json').send(reply.body);
   });
   const server: Server = await new Promise((resolve) => {
-    const s = app.listen(0, '127.0.0.1', () => resolve(s));
+    const s = app.listen(0, host, () => resolve(s));
   });
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const url = `http://${host}:${(server.address() as AddressInfo).port}`;
   return {
     url,
     seen,
@@ -200,3 +206,54 @@ test('0 and Infinity are accepted as unlimited (node refuses a socket limit of 0
   };
   expect(() => createHttpClients(limits).close()).not.toThrow();
 });
+
+test.each([
+  ['127.0.0.1', true],
+  ['127.3.2.1', true],
+  ['::1', true],
+  ['::ffff:127.0.0.1', true],
+  ['10.0.0.5', false],
+  ['::ffff:10.0.0.5', false],
+  ['fe80::1', false],
+  [undefined, false],
+])('%s is a loopback address: %s', (address, loopback) => {
+  expect(isLoopbackAddress(address)).toBe(loopback);
+});
+
+// --- TCP keep-alive probes, read from the kernel's socket table -----------------------------------
+
+/** Whether a held data call's connection probes, and the same connection pooled after its reply. */
+async function probeTimers(host: string): Promise<{ held?: boolean; pooled?: boolean }> {
+  server = await startServer({}, host);
+  clients = createHttpClients();
+  const call = clients.data.post(`${server.url}/hang`, { body: '{}' });
+  while (server.hanging.length === 0) await new Promise((resolve) => setTimeout(resolve, 10));
+  const socket = server.hanging[0]!.socket!;
+  const ports = [socket.remotePort!, socket.localPort!] as const;
+  const held = tcpKeepAliveTimerOn(...ports);
+  server.hanging[0]!.json({ ok: true });
+  await call;
+  return { held, pooled: tcpKeepAliveTimerOn(...ports) };
+}
+
+const onLinux = process.platform === 'linux' ? test : test.skip;
+
+onLinux(
+  'a data connection to a loopback peer sends no TCP keep-alive probes, held or pooled',
+  async () => {
+    const { held, pooled } = await probeTimers('127.0.0.1');
+    expect({ held, pooled }).toEqual({ held: false, pooled: false });
+  },
+);
+
+const outsideAddress = Object.values(networkInterfaces())
+  .flat()
+  .find((a) => a?.family === 'IPv4' && !a.internal && !isLoopbackAddress(a.address))?.address;
+
+(outsideAddress === undefined ? test.skip : onLinux)(
+  'a data connection to a peer at a non-loopback address keeps its TCP keep-alive probes',
+  async () => {
+    const { held, pooled } = await probeTimers(outsideAddress!);
+    expect({ held, pooled }).toEqual({ held: true, pooled: true });
+  },
+);

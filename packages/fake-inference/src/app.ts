@@ -301,7 +301,7 @@ function controlRoutes(state: FakeInferenceState): express.Router {
     res.json({ calls: state.calls.list() });
   });
   router.get('/call_count', (_req, res) => {
-    res.json({ count: state.calls.count });
+    res.json({ count: state.calls.count, waiting: queue.waiting });
   });
   router.get('/cuts', (_req, res) => {
     res.json({ cuts: state.tokens.cutRounds() });

@@ -275,11 +275,18 @@ describe('call log', () => {
     ]);
   });
 
-  test('call_count counts every call', async () => {
-    expect(await getJson('/_ctl/call_count')).toEqual({ count: 0 });
+  test('call_count counts every call, and the calls waiting now', async () => {
+    expect(await getJson('/_ctl/call_count')).toEqual({ count: 0, waiting: 0 });
     await chat([USER], 'a');
     await chat([USER]);
-    expect(await getJson('/_ctl/call_count')).toEqual({ count: 2 });
+    expect(await getJson('/_ctl/call_count')).toEqual({ count: 2, waiting: 0 });
+    await control('hold', { after_calls: 2 });
+    const held = chat([USER], 'b');
+    await untilCalls(3);
+    expect(await getJson('/_ctl/call_count')).toEqual({ count: 3, waiting: 1 });
+    await control('release');
+    await held;
+    expect(await getJson('/_ctl/call_count')).toEqual({ count: 3, waiting: 0 });
   });
 
   test('cuts come from the token store: empty until a cut round is recorded', async () => {

@@ -6,11 +6,17 @@
  * ledger row is published. SSE comments (keep-alives) never start a response.
  */
 import { createHash } from 'node:crypto';
-import { Agent as HttpAgent, type IncomingMessage, request as httpRequest } from 'node:http';
-import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { type IncomingMessage, request as httpRequest } from 'node:http';
+import { request as httpsRequest } from 'node:https';
 
 import { conversationDigest } from '@ckpt-gym/core/capture';
-import { requestIdHeaders, withTraceContext } from '@ckpt-gym/core/client';
+import {
+  pooledHttpAgent,
+  pooledHttpsAgent,
+  requestIdHeaders,
+  TCP_KEEP_ALIVE_INITIAL_DELAY_MS,
+  withTraceContext,
+} from '@ckpt-gym/core/client';
 import {
   CkptGymError,
   InternalError,
@@ -78,13 +84,16 @@ export function backendTarget(
   return `${url.origin}${prefix}${base}${path}`;
 }
 
+const BACKEND_AGENT_OPTIONS = { keepAlive: true, keepAliveMsecs: TCP_KEEP_ALIVE_INITIAL_DELAY_MS };
+
 /**
  * Calls to the backend on keep-alive agents of its own (node's http client: lighter per call than
- * fetch, and its reply streams as an async iterable of chunks).
+ * fetch, and its reply streams as an async iterable of chunks). A held call sits idle for as long
+ * as a checkpoint takes: its socket probes as core's data pool does (60 s, never on loopback).
  */
 export class BackendClient {
-  readonly #http = new HttpAgent({ keepAlive: true });
-  readonly #https = new HttpsAgent({ keepAlive: true });
+  readonly #http = pooledHttpAgent(BACKEND_AGENT_OPTIONS);
+  readonly #https = pooledHttpsAgent(BACKEND_AGENT_OPTIONS);
 
   request(
     url: string,

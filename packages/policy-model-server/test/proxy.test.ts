@@ -1,3 +1,5 @@
+import { createServer, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { gzipSync } from 'node:zlib';
 
 import { afterEach, describe, expect, it } from '@jest/globals';
@@ -8,10 +10,11 @@ import {
   MAX_CAPTURE_KEY_LENGTH,
   MAX_ROLLOUT_ID_LENGTH,
 } from '@ckpt-gym/core/protocol';
-import { deadline, episodes } from '@ckpt-gym/testing';
+import { deadline, episodes, tcpKeepAliveTimerOn, until } from '@ckpt-gym/testing';
 import OpenAI from 'openai';
 
 import { CAPTURE_CONTROL_PREFIX } from '../src/index.js';
+import { BackendClient } from '../src/proxy.js';
 import { CHAT_BODY, chat, cleanup, control, fakeCalls, startHarness, TOKEN } from './support.js';
 
 afterEach(cleanup);
@@ -235,4 +238,29 @@ describe('client mistakes are refused before the call is admitted', () => {
       expect((await chat(h.url, key)).status).toBe(200);
     },
   );
+});
+
+const onLinux = process.platform === 'linux' ? it : it.skip;
+
+describe('backend connections', () => {
+  onLinux('a held call to a loopback backend sends no TCP keep-alive probes', async () => {
+    const held: ServerResponse[] = [];
+    const backend = createServer((_req, res) => held.push(res)).listen(0, '127.0.0.1');
+    await new Promise((resolve) => backend.once('listening', resolve));
+    const client = new BackendClient();
+    try {
+      const url = `http://127.0.0.1:${(backend.address() as AddressInfo).port}/v1/chat/completions`;
+      const signal = new AbortController().signal;
+      const reply = client.request(url, { method: 'POST', headers: {}, body: '{}', signal });
+      await until(() => held.length === 1);
+      const socket = held[0]!.socket!;
+      expect(tcpKeepAliveTimerOn(socket.remotePort!, socket.localPort!)).toBe(false);
+      held[0]!.end('{}');
+      (await reply).resume();
+    } finally {
+      client.close();
+      backend.closeAllConnections();
+      backend.close();
+    }
+  });
 });

@@ -13,7 +13,14 @@ export {
 export { type CorruptedCopy, writeCorruptedCopy } from './corrupt.js';
 export { ep, episodes } from './episodes.js';
 // Core's own doubles: core's tests need them, and core cannot depend on this kit.
-export { FakeClock, Gate, type LogLine, MemoryLogger, settle } from '@ckpt-gym/core/testing';
+export {
+  FakeClock,
+  Gate,
+  type LogLine,
+  MemoryLogger,
+  settle,
+  tcpKeepAliveTimerOn,
+} from '@ckpt-gym/core/testing';
 export {
   closeConnections,
   expectClientOutcome,

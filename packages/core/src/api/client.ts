@@ -42,7 +42,10 @@ export {
   getControl,
   type HttpClientLimits,
   type HttpClients,
+  pooledHttpAgent,
+  pooledHttpsAgent,
   postUpstream,
+  TCP_KEEP_ALIVE_INITIAL_DELAY_MS,
   withoutSecrets,
 } from '../http-client.js';
 export { REQUEST_ID_HEADER, requestIdHeaders } from '../telemetry/request-id.js';
