@@ -61,10 +61,8 @@ scenario(
   async () => {
     const dep = await Deployment.start('native', { agentWorkers: WORKERS, tokenCapture: true });
     expect(await childPids(dep.server(AGENT).pid)).toHaveLength(WORKERS);
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     const rollouts = Array.from({ length: 6 }, (_, i) => `agentw-${i}`);
-    for (const r of rollouts) dep.post('env', '/run', weatherEpisode(r));
-    await dep.waitForCalls(2 * rollouts.length, 60_000);
+    await dep.startHeldAtSecondCall(rollouts, (r) => weatherEpisode(r));
 
     const { committed } = await dep.checkpoint(
       'c1',

@@ -27,9 +27,7 @@ interface WorkerView {
 async function inFlight(rollouts: readonly string[]): Promise<Deployment> {
   const dep = await Deployment.start('native', { envWorkers: WORKERS, tokenCapture: true });
   expect(await childPids(dep.server('env').pid)).toHaveLength(WORKERS);
-  await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
-  for (const r of rollouts) dep.post('env', '/run', weatherEpisode(r));
-  await dep.waitForCalls(2 * rollouts.length, 60_000);
+  await dep.startHeldAtSecondCall(rollouts, (r) => weatherEpisode(r));
   return dep;
 }
 

@@ -30,10 +30,8 @@ scenario(
       tokenCapture: true,
     });
     for (const name of SERVERS) expect(await childPids(dep.server(name).pid)).toHaveLength(WORKERS);
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     const rollouts = Array.from({ length: 8 }, (_, i) => `every-${i}`);
-    for (const r of rollouts) dep.post('env', '/run', weatherEpisode(r));
-    await dep.waitForCalls(2 * rollouts.length, 60_000);
+    await dep.startHeldAtSecondCall(rollouts, (r) => weatherEpisode(r));
 
     const { committed } = await dep.checkpoint(
       'c1',

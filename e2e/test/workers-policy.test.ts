@@ -46,11 +46,8 @@ scenario(
     const dep = await Deployment.start('native', { policyWorkers: WORKERS, tokenCapture: true });
     const primary = dep.server('policy').pid;
     expect(await childPids(primary)).toHaveLength(WORKERS);
-    // Every rollout's second call is held at the backend: each is between its two model calls.
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     const rollouts = Array.from({ length: 8 }, (_, i) => `two-${i}`);
-    for (const r of rollouts) dep.post('env', '/run', weatherEpisode(r));
-    await dep.waitForCalls(2 * rollouts.length, 60_000);
+    await dep.startHeldAtSecondCall(rollouts, (r) => weatherEpisode(r));
 
     const { prepared, committed } = await dep.checkpoint(
       'c1',
@@ -94,10 +91,8 @@ scenario(
   'a worker SIGKILLed during prepare blocks that checkpoint; after a restart the next one commits',
   async () => {
     const dep = await Deployment.start('native', { policyWorkers: WORKERS, tokenCapture: true });
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     const rollouts = ['lost-0', 'lost-1', 'lost-2', 'lost-3'];
-    for (const r of rollouts) dep.post('env', '/run', weatherEpisode(r));
-    await dep.waitForCalls(2 * rollouts.length, 60_000);
+    await dep.startHeldAtSecondCall(rollouts, (r) => weatherEpisode(r));
 
     const prepared = await prepare(dep.participants(), 'c1', deadline(30));
     expect(prepared.prepared).toBe(true);
@@ -128,11 +123,8 @@ scenario(
     await dep.restart();
     expect(await childPids(dep.server('policy').pid)).toHaveLength(WORKERS);
     const next = ['next-0', 'next-1'];
-    const before = await dep.callCount();
     // The release ended the hold: each new rollout's second call is held again.
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
-    for (const r of next) dep.post('env', '/run', weatherEpisode(r));
-    await dep.waitForCalls(before + 2 * next.length, 60_000);
+    await dep.startHeldAtSecondCall(next, (r) => weatherEpisode(r));
     const { committed } = await dep.checkpoint(
       'c2',
       next.map((r) => ep(r)),

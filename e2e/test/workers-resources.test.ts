@@ -57,10 +57,8 @@ scenario(
     const dep = await Deployment.start('counter', { resourcesWorkers: WORKERS });
     expect(await childPids(dep.server(RESOURCES).pid)).toHaveLength(WORKERS);
     // Every rollout's second model call is held: its counter is at 4 (3, then +1).
-    await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
     const rollouts = Array.from({ length: 6 }, (_, i) => `count-${i}`);
-    for (const r of rollouts) dep.post('env', '/run', counterEpisode(r));
-    await dep.waitForCalls(2 * rollouts.length, 60_000);
+    await dep.startHeldAtSecondCall(rollouts, (r) => counterEpisode(r));
 
     const { committed } = await dep.checkpoint(
       'c1',

@@ -152,6 +152,28 @@ export class Deployment implements AsyncDisposable {
     await until(async () => (await this.callCount()) >= count, `${count} model calls`, timeoutMs);
   }
 
+  /** How many model calls wait at the backend now (held, or behind its gate). */
+  async waitingCalls(): Promise<number> {
+    return (await this.backend<{ waiting: number }>('/_ctl/call_count')).waiting;
+  }
+
+  /**
+   * Holds every rollout's second model call at the backend, starts each of `rollouts` on the
+   * environment (`episode` builds its `/run` body), and waits until every one waits there: all
+   * in flight between their two model calls.
+   */
+  async startHeldAtSecondCall(
+    rollouts: readonly string[],
+    episode: (rolloutId: string) => Json,
+    timeoutMs = 60_000,
+  ): Promise<RunHandle[]> {
+    await this.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+    const runs = rollouts.map((r) => this.post('env', '/run', episode(r)));
+    const held = `${rollouts.length} model calls held`;
+    await until(async () => (await this.waitingCalls()) >= rollouts.length, held, timeoutMs);
+    return runs;
+  }
+
   /** `n_messages` of every call the backend saw, in arrival order. */
   async messageCounts(): Promise<number[]> {
     return (await this.calls()).map((call) => call.n_messages);
