@@ -38,6 +38,7 @@ export function agentCoordinator(options: {
       validateRecord: agentRecordOf,
       claimedByRequest: isLegacyRecord,
       sessionOf: (record) => ({ id: record.session_key, owner: record.owner }),
+      exportedFields: ['session_key', 'owner'],
     },
   });
 }

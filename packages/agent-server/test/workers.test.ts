@@ -4,10 +4,11 @@
  * open; native sessions are placed by load, reached through their pre-crash owner's alias, and
  * exported once.
  */
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
+import { writeParticipantState } from '@ckpt-gym/core/server';
 import {
   ep,
   startStubModel,
@@ -157,6 +158,42 @@ describe('agent workers: native sessions', () => {
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([true, true]);
     expect(await commitAll(after, 'c2', ['r1'], 1)).toEqual(['r1-a1']);
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([false, true]);
+  });
+});
+
+describe('agent workers: a commit writes what one process writes', () => {
+  /** The records file of the agent's state under `checkpointDir`. */
+  async function recordsFile(checkpointDir: string): Promise<Buffer> {
+    const state = join(checkpointDir, 'gym', 'agent', 'simple_agent');
+    const name = (await readdir(state)).find((f) => f.startsWith('records-'))!;
+    return readFile(join(state, name));
+  }
+
+  test("the records file of a two-worker commit is byte for byte the one the workers' participants write alone", async () => {
+    const s = await twoWorkers();
+    const a = await seed(via(s, 0), 'a-1', 'r1');
+    expect((await activate(via(s, 0), a, 'r1', 1)).status).toBe(200);
+    await seed(via(s, 1), 'b-1', 'r2');
+    const scope = [ep('r1'), ep('r2')];
+    expect((await prepare(via(s), 'c1')).phase).toBe('prepared');
+    expect(await commit(via(s), 'c1', scope)).toEqual(['r1', 'r2']);
+    // One process's store, handed each worker's participant's own records, worker by worker.
+    const signal = new AbortController().signal;
+    const records = [];
+    for (const w of s.workers) records.push(...(await w.participant.export(scope, signal)));
+    const alone = join(dir, 'one-process');
+    await writeParticipantState({
+      checkpointDir: alone,
+      kind: 'agent',
+      instance: 'simple_agent',
+      checkpointId: 'c1',
+      records,
+    });
+    await resume(via(s), 'c1');
+    expect(records.map((r) => r.session_key)).toEqual(['a-1', 'b-1']);
+    const [workers, oneProcess] = [await recordsFile(join(dir, 'c1')), await recordsFile(alone)];
+    expect(workers.toString()).toBe(oneProcess.toString());
+    expect(workers.equals(oneProcess)).toBe(true);
   });
 });
 

@@ -88,6 +88,7 @@ export const resourcesKind: ServerKindModule<'resources'> = {
           // A session's state spans requests: it is placed on a worker, never claimed.
           claimedByRequest: () => false,
           sessionOf: (record) => ({ id: record.session_id, owner: record.owner }),
+          exportedFields: ['session_id', 'owner'],
         },
       });
     },

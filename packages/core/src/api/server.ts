@@ -227,6 +227,7 @@ export {
   MAX_FRAME_BYTES,
   WithBytes,
 } from '../workers/frames.js';
+export { type HandedRecord } from '../workers/handed-records.js';
 export { claimKeyOf, HeldRecords, recordAs } from '../workers/held.js';
 export { type MarksRelay, RelayedMarks } from '../workers/marks.js';
 export {

@@ -3,6 +3,7 @@ export * from './channel.js';
 export * from './coordinator.js';
 export * from './coordinator-server.js';
 export * from './frames.js';
+export * from './handed-records.js';
 export * from './held.js';
 export * from './marks.js';
 export * from './participant-coordinator.js';

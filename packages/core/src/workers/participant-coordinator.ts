@@ -5,8 +5,9 @@
  *
  * - prepare closes every worker and is ready once every worker's participant reports ready
  *   (`mergeReadiness`);
- * - commit asks every worker to export the commit's scope and adds the restored records no request
- *   claimed that the scope names, exported again as their next attempt;
+ * - commit asks every worker to export the commit's scope, as bytes it writes undecoded
+ *   (`handedRecords`), and adds the restored records no request claimed that the scope names,
+ *   exported again as their next attempt;
  * - restore keeps the records whose state lives inside one request (`claimedByRequest`) here, for
  *   the worker that receives the replacement's request to claim (`claim`, an immediate message:
  *   exactly one claim succeeds, none while a checkpoint is open), and hands every other record to
@@ -24,6 +25,8 @@ import {
   type WorkerCoordinatorOptions,
   type WorkerMessage,
 } from './coordinator.js';
+import { WithBytes } from './frames.js';
+import { type HandedRecord, handedRecords } from './handed-records.js';
 import { HeldRecords } from './held.js';
 import { checkExportAnswers, mergeReadiness, mergeStatuses, replyTimeoutMs } from './rules.js';
 import {
@@ -45,7 +48,10 @@ export const PARTICIPANT_MESSAGES = {
   deleteRestored: 'delete_restored',
 } as const;
 
-/** What a kind's records are to the coordinator: checked as its one-process participant checks them. */
+/**
+ * What a kind's records are to the coordinator: the records it restores are checked as its
+ * one-process participant checks them; those its workers export are not (they run the same code).
+ */
 export interface CoordinatedRecords<R extends CheckpointRecord> {
   validateRecord(record: JsonObject, key: string): R;
   validateRawRecord?(record: RawRecord, key: string): R;
@@ -54,6 +60,12 @@ export interface CoordinatedRecords<R extends CheckpointRecord> {
    * worker that receives the replacement attempt's request claims it by that attempt's capture key.
    */
   claimedByRequest(record: R): boolean;
+  /**
+   * The fields the coordinator reads of a record its workers export (a session kind's
+   * `claimedByRequest` and `sessionOf`): such a record is only its `episode_id`, these fields, and
+   * its JSON as bytes (`RECORD_FIELDS_JSON`). None unless given.
+   */
+  readonly exportedFields?: readonly string[];
 }
 
 export interface ParticipantCoordinatorOptions<
@@ -62,9 +74,9 @@ export interface ParticipantCoordinatorOptions<
   readonly records: CoordinatedRecords<R>;
 }
 
-/** A worker's answer to `export`. */
+/** A worker's answer to `export`, with its records' JSON as the reply's bytes. */
 export interface WorkerExport {
-  readonly records: JsonObject[];
+  readonly records: HandedRecord[];
   /** Its participant's restored attempts no request used yet. */
   readonly pending: JsonValue[];
 }
@@ -143,7 +155,8 @@ export class ParticipantCoordinator<
   /** Every worker's records in `scope`, and the held records `scope` names, again. */
   async export(scope: readonly EpisodeId[] | null): Promise<R[]> {
     const carried = [...(this.request?.carriedRestarts ?? [])];
-    const body = { episode_ids: scope, carried_restarts: carried };
+    const fields = this.#records.exportedFields ?? [];
+    const body = { episode_ids: scope, carried_restarts: carried, exported_fields: fields };
     const replies = await this.broadcast(PARTICIPANT_MESSAGES.export, body);
     checkExportAnswers(this.label, {
       expected: this.expectedWorkers,
@@ -152,8 +165,10 @@ export class ParticipantCoordinator<
     });
     const records: R[] = [];
     for (const [index, reply] of replies) {
-      const answer = reply as unknown as WorkerExport;
-      for (const record of answer.records) records.push(this.#fromWorker(record));
+      const withBytes = reply instanceof WithBytes;
+      const answer = (withBytes ? reply.body : reply) as unknown as WorkerExport;
+      const handed = handedRecords(answer.records, withBytes ? reply.bytes : new Uint8Array());
+      for (const record of handed) records.push(record as R);
       this.#workerPending.set(
         index,
         answer.pending.map((e) => episodeIdFromJson(e)),
@@ -161,11 +176,6 @@ export class ParticipantCoordinator<
     }
     const inScope = scope === null ? null : new Set(scope.map(captureKey));
     return [...records, ...this.#held.inScope(inScope)];
-  }
-
-  #fromWorker(record: JsonObject): R {
-    const episode = episodeIdFromJson(record.episode_id);
-    return this.#records.validateRecord(record, captureKey(episode));
   }
 
   /** Refuses a restore over restored records no request claimed yet (as one process does). */

@@ -12,6 +12,8 @@ import type { JsonObject, JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
 import type { Participant, RetiredMarks } from '../participant.js';
 import type { CheckpointRecord } from '../store.js';
+import { WithBytes } from './frames.js';
+import { handRecords } from './handed-records.js';
 import {
   PARTICIPANT_MESSAGES,
   type ParticipantWorkerReport,
@@ -149,7 +151,8 @@ export class ParticipantWorker<R extends CheckpointRecord = CheckpointRecord>
     }
   }
 
-  async #export(body: JsonObject): Promise<WorkerExport> {
+  /** Its participant's records in scope, as bytes beside their index (`handRecords`). */
+  async #export(body: JsonObject): Promise<WithBytes> {
     // The coordinator checked the readiness this worker last reported; it may have regressed.
     if (!this.#participant.ready()) {
       throw new InvalidPhaseError('this worker is no longer ready to commit');
@@ -158,7 +161,9 @@ export class ParticipantWorker<R extends CheckpointRecord = CheckpointRecord>
     const ids = body.episode_ids as JsonValue[] | null;
     const scope = ids === null ? null : ids.map((e) => episodeIdFromJson(e));
     const records = await this.#participant.export(scope, new AbortController().signal);
-    return { records: records as unknown as JsonObject[], pending: this.#pending() };
+    const { index, bytes } = handRecords(records, body.exported_fields as string[]);
+    const answer: WorkerExport = { records: index, pending: this.#pending() };
+    return new WithBytes(answer as unknown as JsonValue, bytes);
   }
 
   async #install(body: JsonObject): Promise<void> {

@@ -67,6 +67,8 @@ export function manifestOwners(manifest: Manifest): string[] {
 export interface SessionRecords<R extends CheckpointRecord> extends CoordinatedRecords<R> {
   /** The session a record no request claims holds, and the owner its cookie names (if any). */
   sessionOf(record: R): SessionRef;
+  /** Every field `claimedByRequest` and `sessionOf` read: a commit reads them of every record. */
+  readonly exportedFields: readonly string[];
 }
 
 export interface SessionCoordinatorOptions<R extends CheckpointRecord> {

@@ -2,6 +2,7 @@
  * The coordinator of servers whose workers each run the kind's one-process participant: readiness
  * of all, commit and restore across the workers, claim once of restored per-request state.
  */
+import { readFile } from 'node:fs/promises';
 import { connect } from 'node:net';
 
 import { jest } from '@jest/globals';
@@ -11,7 +12,15 @@ import type { JsonValue } from '../../src/json.js';
 import { encodeFrame, FrameReader } from '../../src/workers/frames.js';
 import { HeldRecords } from '../../src/workers/held.js';
 import { ParticipantCoordinator } from '../../src/workers/participant-coordinator.js';
-import type { TestRecord } from '../support/test-participant.js';
+import {
+  type CheckpointRecord,
+  type Manifest,
+  MANIFEST_FILE,
+  participantDir,
+  RECORD_FIELDS_JSON,
+  writeParticipantState,
+} from '../../src/store.js';
+import { TestParticipant, type TestRecord } from '../support/test-participant.js';
 import { startParticipants, type Participants } from './participants.js';
 import { onCleanup, refusedWith, useSockets } from './sockets.js';
 import { eventually, now } from './toy.js';
@@ -27,6 +36,19 @@ const keys = (episodes: readonly EpisodeId[]): string[] => episodes.map(captureK
 
 const deadline = () => ({ deadline_ts: now() + 5 });
 
+/** Commits prepared checkpoint c1 of every episode (admission stays closed); its directory. */
+async function commitC1(p: Participants): Promise<string> {
+  const dir = `${p.checkpointRoot}/c1`;
+  await p.plane.commit({
+    checkpoint_id: 'c1',
+    ...deadline(),
+    checkpoint_dir: dir,
+    episode_ids: null,
+    stop: false,
+  });
+  return dir;
+}
+
 /** Two workers, each with one parked episode (payloads as given), checkpointed to a directory. */
 async function checkpointOf(
   payloads: { r1?: JsonValue; r2?: JsonValue } = {},
@@ -39,14 +61,7 @@ async function checkpointOf(
   expect((await before.plane.prepare({ checkpoint_id: 'c1', ...deadline() })).phase).toBe(
     'prepared',
   );
-  const dir = `${before.checkpointRoot}/c1`;
-  await before.plane.commit({
-    checkpoint_id: 'c1',
-    ...deadline(),
-    checkpoint_dir: dir,
-    episode_ids: null,
-    stop: false,
-  });
+  const dir = await commitC1(before);
   return { dir, scope: [r1, r2] };
 }
 
@@ -275,5 +290,68 @@ describe('participant workers: the next commit, retire and pending attempts', ()
     );
     expect(err.code).toBe('checkpoint_error');
     expect(err.detail).toContain('r2-a1');
+  });
+});
+
+describe('participant workers: a commit takes its records as the bytes the workers encoded', () => {
+  /** A payload only the faithful codec writes: NaN, -Infinity, an integer beyond 2^53. */
+  const faithful = { logprob: -Infinity, score: NaN, tokens: [2n ** 64n + 1n, 3], text: 'é"\n' };
+
+  /** Two workers, each with a parked episode, prepared for checkpoint c1. */
+  async function twoParked(): Promise<Participants & { records: () => Promise<TestRecord[]> }> {
+    const p = await startParticipants(2);
+    const one = await p.worker(1);
+    const two = await p.worker(2);
+    one.participant.start(captureKey(r1), 'parked', { step: 1, values: faithful });
+    two.participant.start(captureKey(r2), 'parked', faithful);
+    expect((await p.plane.prepare({ checkpoint_id: 'c1', ...deadline() })).phase).toBe('prepared');
+    // What each worker's participant exports, as one process would hand them to its store.
+    const signal = new AbortController().signal;
+    const records = async () => [
+      ...(await one.participant.export(null, signal)),
+      ...(await two.participant.export(null, signal)),
+    ];
+    return { ...p, records };
+  }
+
+  /** The bytes of the records file a commit wrote under `checkpointDir`. */
+  async function recordsFile(checkpointDir: string): Promise<Buffer> {
+    const dir = participantDir(checkpointDir, 'environment', 'env');
+    const manifest = JSON.parse(await readFile(`${dir}/${MANIFEST_FILE}`, 'utf8')) as Manifest;
+    return readFile(`${dir}/${manifest.records_file}`);
+  }
+
+  test("the records file of a two-worker commit is byte for byte one process's, faithful values included", async () => {
+    const p = await twoParked();
+    const dir = await commitC1(p);
+    const oneProcess = `${p.checkpointRoot}/one-process`;
+    await writeParticipantState({
+      checkpointDir: oneProcess,
+      kind: 'environment',
+      instance: 'env',
+      checkpointId: 'c1',
+      records: await p.records(),
+    });
+    const [workers, alone] = [await recordsFile(dir), await recordsFile(oneProcess)];
+    expect(workers.toString()).toContain(
+      '"logprob":-Infinity,"score":NaN,"tokens":[18446744073709551617,3]',
+    );
+    expect(workers.equals(alone)).toBe(true);
+  });
+
+  test("the coordinator decodes and checks none of its workers' records: each reaches the store as their bytes", async () => {
+    const p = await twoParked();
+    const validated = jest.spyOn(TestParticipant.prototype, 'validateRecord');
+    const exported = jest.spyOn(p.coordinator, 'export');
+    await commitC1(p);
+    expect(validated).not.toHaveBeenCalled();
+    const records = (await exported.mock.results[0]!.value) as CheckpointRecord[];
+    expect(records.map((r) => [captureKey(r.episode_id), Object.keys(r)])).toEqual([
+      ['r1', ['episode_id']],
+      ['r2', ['episode_id']],
+    ]);
+    for (const record of records) {
+      expect(record[RECORD_FIELDS_JSON]).toEqual([expect.any(Uint8Array)]);
+    }
   });
 });
