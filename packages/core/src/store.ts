@@ -15,7 +15,7 @@
  * and the directories the store creates 0700 unless the caller names other modes.
  */
 import { isUtf8 } from 'node:buffer';
-import { createHash, randomBytes, type Hash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import type { FileHandle } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import { chmod, link, mkdir, open, realpath, rename, unlink } from 'node:fs/promises';
@@ -23,6 +23,7 @@ import { join, relative, sep } from 'node:path';
 
 import { CheckpointStateError } from './errors.js';
 import { fsyncDirectory, parentsUpTo } from './fsync.js';
+import { ThreadedSha256 } from './hash-thread.js';
 import { captureKey, episodeIdFromJson, type EpisodeId } from './identity.js';
 import {
   decodeJson,
@@ -292,27 +293,31 @@ async function writeRecordsFile(
   try {
     await handle.chmod(mode); // the umask may have narrowed or the caller widened it
     const out = new BatchedFileWriter(handle);
-    let count = 0;
-    const put = (record: CheckpointRecord) => {
-      if (stop.stopped) throw stoppedError(checkpointId);
-      writeRecordLine(record, out);
-      count += 1;
-    };
-    // A plain iterable is walked without an await per record (8k microtask turns at scale).
-    if (Symbol.iterator in records) {
-      for (const record of records) {
-        put(record);
-        if (out.mustWait) await out.throttle();
+    try {
+      let count = 0;
+      const put = (record: CheckpointRecord) => {
+        if (stop.stopped) throw stoppedError(checkpointId);
+        writeRecordLine(record, out);
+        count += 1;
+      };
+      // A plain iterable is walked without an await per record (8k microtask turns at scale).
+      if (Symbol.iterator in records) {
+        for (const record of records) {
+          put(record);
+          if (out.mustWait) await out.throttle();
+        }
+      } else {
+        for await (const record of records) {
+          put(record);
+          if (out.mustWait) await out.throttle();
+        }
       }
-    } else {
-      for await (const record of records) {
-        put(record);
-        if (out.mustWait) await out.throttle();
-      }
+      const digest = await out.finish();
+      await handle.sync();
+      return { digest, count, bytes: out.bytesWritten };
+    } finally {
+      out.discard();
     }
-    const digest = await out.finish();
-    await handle.sync();
-    return { digest, count, bytes: out.bytesWritten };
   } finally {
     await handle.close(); // waits for writes still in flight after a failure
   }
@@ -373,19 +378,17 @@ const WRITE_BATCH_BYTES = 1 << 20;
 const PENDING_CHARS = 1 << 16;
 /** Characters below which a buffer's rest is not worth filling with a slice of a longer text. */
 const MIN_SLICE_CHARS = 1 << 12;
-/** Encoded bytes at least this long that do not fit the current buffer are written, not copied. */
-const MIN_DIRECT_BYTES = 1 << 16;
-/** Batches being written while the next is filled. */
+/** Batches being hashed and written while the next is filled. */
 const WRITES_IN_FLIGHT = 3;
 
 /**
- * Appends text to a file through a few reused buffers: each full buffer is hashed, then written
- * positionally while filling continues in the next, so disk writes overlap encoding and memory
- * stays at a few buffers whatever the file size (plus, briefly, one record).
+ * Appends text and bytes to a file through a few reused buffers: each full buffer is hashed (in
+ * the hashing thread) and written positionally while filling continues in the next, so hashing
+ * and disk writes overlap encoding, and memory stays at a few buffers whatever the file size.
  */
 class BatchedFileWriter implements TextSink {
   readonly #handle: FileHandle;
-  readonly #hash: Hash = createHash('sha256');
+  readonly #hash = new ThreadedSha256();
   readonly #free: Buffer[] = [];
   readonly #inFlight: Promise<void>[] = [];
   #buffer: Buffer = Buffer.allocUnsafeSlow(WRITE_BATCH_BYTES);
@@ -409,21 +412,18 @@ class BatchedFileWriter implements TextSink {
   }
 
   /**
-   * Appends bytes already encoded: a small piece is copied into the current buffer, a large one
-   * is hashed and written as it is (its own write, after what is buffered).
+   * Appends bytes already encoded, copied into the buffers (a large piece across several): the
+   * copy is what lets another thread hash them, and costs a fifth of hashing them here.
    */
   putBytes(bytes: Uint8Array): void {
     if (this.#pending.length > 0) this.#flushPending();
-    if (bytes.length > this.#buffer.length - this.#used) {
-      if (bytes.length >= MIN_DIRECT_BYTES) {
-        this.#submitCurrent();
-        this.#submit(bytes);
-        return;
-      }
-      this.#submitCurrent();
+    for (let start = 0; start < bytes.length;) {
+      if (this.#used === this.#buffer.length) this.#submitCurrent();
+      const end = Math.min(bytes.length, start + this.#buffer.length - this.#used);
+      this.#buffer.set(bytes.subarray(start, end), this.#used);
+      this.#used += end - start;
+      start = end;
     }
-    this.#buffer.set(bytes, this.#used);
-    this.#used += bytes.length;
   }
 
   /** Bytes submitted so far: the file's size once `finish()` resolves. */
@@ -459,7 +459,7 @@ class BatchedFileWriter implements TextSink {
     }
   }
 
-  /** Waits while too many writes are in flight; throws a write's failure. */
+  /** Waits while too many batches are in flight; throws a write's or the hash's failure. */
   async throttle(): Promise<void> {
     while (this.#inFlight.length > WRITES_IN_FLIGHT) await this.#inFlight.shift();
     this.#throwIfFailed();
@@ -471,34 +471,37 @@ class BatchedFileWriter implements TextSink {
     this.#submitCurrent();
     await Promise.all(this.#inFlight);
     this.#throwIfFailed();
-    return this.#hash.digest('hex');
+    return this.#hash.digest();
   }
 
+  /** Drops the hash of a write that failed (`finish` drops it itself). */
+  discard(): void {
+    this.#hash.close();
+  }
+
+  /**
+   * Hands the current buffer to the hashing thread, then writes it, then reuses it: batches are
+   * hashed in order (the thread's queue), one hashed while the one before is written.
+   */
   #submitCurrent(): void {
     if (this.#used === 0) return;
-    const full = this.#buffer;
-    const used = this.#used;
+    this.#throwIfFailed();
+    const bytes = this.#buffer.subarray(0, this.#used);
     this.#buffer = this.#free.pop() ?? Buffer.allocUnsafeSlow(WRITE_BATCH_BYTES);
     this.#used = 0;
-    this.#submit(full.subarray(0, used), full);
-  }
-
-  /** Hashes `bytes` and starts writing them; `reuse` is the buffer to recycle once written. */
-  #submit(bytes: Uint8Array, reuse?: Buffer): void {
-    this.#throwIfFailed();
-    this.#hash.update(bytes);
     const position = this.#position;
     this.#position += bytes.length;
     // Never rejects: a failure is kept and thrown by the next throttle or finish.
-    const write = writeAll(this.#handle, bytes, position).then(
-      () => {
-        if (reuse) this.#free.push(reuse);
-      },
-      (err: unknown) => {
+    const done = this.#hash
+      .update(bytes)
+      .then(async (hashed) => {
+        await writeAll(this.#handle, hashed, position);
+        this.#free.push(Buffer.from(hashed.buffer));
+      })
+      .catch((err: unknown) => {
         this.#failure ??= err;
-      },
-    );
-    this.#inFlight.push(write);
+      });
+    this.#inFlight.push(done);
   }
 
   #throwIfFailed(): void {

@@ -353,6 +353,33 @@ describe('fields encoded ahead', () => {
     }
   });
 
+  test('byte pieces longer than a write buffer, between small ones, are written whole and hashed in order', async () => {
+    // 2.5 write buffers of bytes, then many pieces that end across buffer boundaries.
+    const long = Buffer.concat([
+      Buffer.from('"a":"'),
+      Buffer.alloc(5 << 19, 0x78),
+      Buffer.from('"'),
+    ]);
+    const small = Array.from({ length: 3000 }, (_, i) =>
+      Buffer.from(`,"m${i}":"${'é'.repeat(i % 700)}"`),
+    );
+    const ahead: CheckpointRecord = {
+      episode_id: episodeId('r'),
+      [RECORD_FIELDS_JSON]: [long, ',"t":1', ...small],
+    };
+    const manifest = await write([ahead, record('s', 0, { v: 1 })]);
+    const expected = Buffer.concat([
+      Buffer.from('{"episode_id":{"rollout_id":"r","attempt":0},'),
+      long,
+      Buffer.from(',"t":1'),
+      ...small,
+      Buffer.from('}\n{"episode_id":{"rollout_id":"s","attempt":0},"v":1}\n'),
+    ]);
+    expect((await readFile(join(dir(), manifest.records_file))).equals(expected)).toBe(true);
+    expect(manifest.records_sha256).toBe(sha256(expected));
+    expect(manifest.records_bytes).toBe(expected.length);
+  });
+
   test('a piece longer than a write buffer is written through the buffers, exactly, surrogate pairs whole', async () => {
     // Over 1 MB of UTF-8 in one piece, with two- and four-byte characters across every slice.
     const long = `"s":${JSON.stringify('ab🙂é'.repeat(400_000))}`;
