@@ -1,6 +1,11 @@
+import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 
 import { ThreadedSha256 } from '../src/hash-thread.js';
+import { removeTranspiled, transpileCore } from './support/transpile.js';
 
 const sha256 = (...parts: Buffer[]) => {
   const hash = createHash('sha256');
@@ -40,4 +45,34 @@ describe('ThreadedSha256', () => {
     expect(await b.digest()).toBe(sha256(Buffer.from('b')));
     expect(await a.digest()).toBe(sha256(Buffer.from('aA')));
   });
+
+  test('a process whose hashing thread was started ahead, and then hashed, still exits on its own', async () => {
+    const core = await transpileCore();
+    try {
+      const module = pathToFileURL(join(core, 'hash-thread.js')).href;
+      const script = join(core, 'start-hash-thread.mjs');
+      writeFileSync(
+        script,
+        `import { startHashThread, ThreadedSha256 } from '${module}';
+startHashThread();
+if (process.argv[2] === 'hash') await new ThreadedSha256().digest();`,
+      );
+      for (const mode of ['idle', 'hash']) {
+        const child = spawnSync(process.execPath, [script, mode], { timeout: 20_000 });
+        expect({
+          mode,
+          status: child.status,
+          signal: child.signal,
+          err: child.stderr.toString(),
+        }).toEqual({
+          mode,
+          status: 0,
+          signal: null,
+          err: '',
+        });
+      }
+    } finally {
+      await removeTranspiled(core);
+    }
+  }, 60_000);
 });

@@ -3,6 +3,7 @@
  * record validation), its signing key and its file modes, so a commit writes and a restore reads
  * with only a directory, a checkpoint id and a scope.
  */
+import { startHashThread } from '../hash-thread.js';
 import type { Participant } from '../participant.js';
 import {
   type CheckpointRecord,
@@ -43,6 +44,8 @@ export class ParticipantStorage<R extends CheckpointRecord> {
       readRaw: readRawParticipantState,
     };
     this.#options = options;
+    // This process commits: its first commit must not pay the hashing thread's start.
+    if (this.#storage.write === writeParticipantState) startHashThread();
   }
 
   /** Writes the records, then the manifest (with the participant's extras, asked now). */
