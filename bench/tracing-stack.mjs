@@ -10,10 +10,15 @@
 // the servers' CPU (the fake backend's apart, as `throughput` counts it), with its standard error.
 // With tracing on the servers export to a local sink, as in `throughput --telemetry`.
 //
-//   npm run build && npm run bench -- tracing-stack [--blocks 8] [--seconds 20] [--warmup 10]
-//     [--concurrency 32] [--aa]
+//   npm run build && npm run bench -- tracing-stack [--blocks 8] [--seconds 30] [--warmup 60]
+//     [--concurrency 32] [--aa] [--rollout-sample-ratio R|all]
 //
+// Each block starts fresh processes: the warm-up is long because a server's code runs colder than
+// it will for hours afterwards for about a minute (with 10 s of warm-up the servers' CPU per rollout
+// was 12-15 ms and tracing's share twice what it is after 60 s, where it is 10 ms).
 // --aa runs tracing off in both stacks: the method's own noise (the ratio is B over A).
+// --rollout-sample-ratio sets the traced stack's `telemetry.traces.rollout_sample_ratio` (`all`:
+// OTEL_TRACES_SAMPLER=parentbased_always_on, every span); without it, the stack's default.
 // Prints the figures and writes bench/results/tracing-stack.json (or --out).
 import { writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
@@ -32,10 +37,11 @@ import { difference, episodeBody, nativeStackYaml, serverCpuMs } from './lib/sta
 const { values: flags } = parseArgs({
   options: {
     blocks: { type: 'string', default: '8' },
-    seconds: { type: 'string', default: '20' },
-    warmup: { type: 'string', default: '10' },
+    seconds: { type: 'string', default: '30' },
+    warmup: { type: 'string', default: '60' },
     concurrency: { type: 'string', default: '32' },
     aa: { type: 'boolean', default: false },
+    'rollout-sample-ratio': { type: 'string' },
     out: { type: 'string' },
   },
 });
@@ -49,6 +55,9 @@ const BLOCKS = number('blocks', 2);
 const SECONDS = number('seconds', 1);
 const WARMUP = number('warmup', 0);
 const CONCURRENCY = number('concurrency', 1);
+const SAMPLED = flags['rollout-sample-ratio'];
+if (SAMPLED !== undefined && SAMPLED !== 'all' && !(Number(SAMPLED) >= 0 && Number(SAMPLED) <= 1))
+  throw new Error('--rollout-sample-ratio must be a number from 0 to 1, or all');
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/tracing-stack.json'));
 
@@ -59,10 +68,15 @@ async function launch(tracing, sink) {
   const runDir = await mkdtemp(join(tmpdir(), 'ckpt-gym-tracing-stack-'));
   const source = join(runDir, 'stack.source.yaml');
   const yaml = nativeStackYaml(await freePort('127.0.0.1'), { checkpoint: true, capture: true });
-  writeFileSync(source, yaml);
+  const ratio = SAMPLED === undefined || SAMPLED === 'all' ? '' : SAMPLED;
+  writeFileSync(
+    source,
+    ratio ? `telemetry: { traces: { rollout_sample_ratio: ${ratio} } }\n${yaml}` : yaml,
+  );
   const env = {
     ...process.env,
     ...(tracing ? { OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: sink.url } : { OTEL_SDK_DISABLED: 'true' }),
+    ...(SAMPLED === 'all' ? { OTEL_TRACES_SAMPLER: 'parentbased_always_on' } : {}),
   };
   const handle = await launchStack({ configPath: source, runDir, env });
   return { tracing, runDir, handle, completed: 0 };
@@ -101,6 +115,7 @@ async function block(clients, sink, aTraces) {
   const stacks = await Promise.all(tracing.map((on) => launch(on, sink)));
   let stopped = false;
   const driving = stacks.map((stack) => drive(clients, stack, () => stopped));
+  let rows = [];
   try {
     await sleep(WARMUP * 1000);
     const before = stacks.map((stack) => ({
@@ -110,7 +125,7 @@ async function block(clients, sink, aTraces) {
     const start = performance.now();
     await sleep(SECONDS * 1000);
     const seconds = (performance.now() - start) / 1000;
-    return stacks.map((stack, i) => {
+    rows = stacks.map((stack, i) => {
       const rollouts = stack.completed - before[i].done;
       const spent = difference(before[i].cpu, serverCpuMs(stack.handle).total);
       const cpu = Object.fromEntries(
@@ -124,9 +139,12 @@ async function block(clients, sink, aTraces) {
         cpu_ms_per_rollout: cpu,
       };
     });
+    return rows;
   } finally {
     stopped = true;
     await Promise.all(driving);
+    // Every rollout the stack ran, warm-up included: what its spans are counted over.
+    rows.forEach((row, i) => (row.rollouts_completed = stacks[i].completed));
     await Promise.all(stacks.map(stop));
   }
 }
@@ -176,11 +194,18 @@ async function main() {
     clients.close();
     await sink.close();
   }
-  if (!flags.aa && !(sink.spans() > 0))
+  const spansExpected = !flags.aa && !(SAMPLED !== undefined && Number(SAMPLED) === 0);
+  if (spansExpected && !(sink.spans() > 0))
     throw new Error('tracing on, but the sink received no span');
   const figures = ratios(blocks);
   const what = flags.aa ? 'A/A, tracing off in both: B over A' : 'tracing on over off';
-  console.log(`\nservers' CPU per rollout, ${what}, mean of ${BLOCKS} blocks ± standard error:`);
+  const traced = blocks.flat().filter((row) => row.tracing);
+  const spansPerRollout =
+    sink.spans() / traced.reduce((sum, row) => sum + row.rollouts_completed, 0) || 0;
+  console.log(
+    `\nrollouts sampled: ${SAMPLED ?? 'the default'}; spans received a rollout: ${spansPerRollout.toFixed(2)}`,
+  );
+  console.log(`servers' CPU per rollout, ${what}, mean of ${BLOCKS} blocks ± standard error:`);
   for (const [server, { mean, standard_error }] of Object.entries(figures))
     console.log(`${server.padEnd(14)}${mean.toFixed(3)} ± ${standard_error.toFixed(3)}`);
   console.log(
@@ -195,7 +220,9 @@ async function main() {
       warmup: WARMUP,
       concurrency: CONCURRENCY,
       aa: flags.aa,
+      rollout_sample_ratio: SAMPLED ?? 'default',
     },
+    spans_per_rollout: spansPerRollout,
     cpu_ratio: figures,
     blocks,
   });

@@ -4,7 +4,9 @@
  * receiver this test runs; with two rollouts in flight, the trace holds the CLI's command span,
  * the controller's operations and prepare stages, and every participant's operation under the
  * stage or operation that called it. A rollout's calls from environment to agent, policy and
- * resources are one trace too. Spans arrive in batches: the test polls the receiver. And at
+ * resources are one trace too; with the stack file's `rollout_sample_ratio: 0` no rollout's request
+ * is recorded and the checkpoint's trace is still whole. Spans arrive in batches: the test polls
+ * the receiver. And at
  * `CKPT_GYM_LOG_LEVEL=debug` each server writes one access line per request (data, `/metrics`,
  * control, 404) with its `x-request-id`, which a rollout carries to every server it reaches.
  */
@@ -104,7 +106,36 @@ async function checkpointCli(dep: Deployment, args: readonly string[]): Promise<
   return code;
 }
 
+/**
+ * Two rollouts held at their second model call, `ckpt-gym checkpoint --id <id>` taken over them,
+ * then both released and finished.
+ */
+async function checkpointWithRolloutsHeld(dep: Deployment, id: string): Promise<void> {
+  await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
+  const rollouts = [1, 2].map((n) => dep.post('env', '/run', weatherEpisode(`${id}-r${n}`)));
+  await dep.waitForCalls(4);
+  const dir = join(dep.runDir, 'checkpoints', id);
+  expect(await checkpointCli(dep, ['--id', id, '--dir', dir])).toBe(0);
+  await dep.backend('/_ctl/release', {});
+  for (const rollout of rollouts) expect((await rollout.reply).status).toBe(200);
+}
+
 const TRACE_ENV = ['OTEL_EXPORTER_OTLP_TRACES_ENDPOINT', 'OTEL_BSP_SCHEDULE_DELAY'] as const;
+
+/** Runs `work` with every process it starts exporting its spans to `url`, in batches of 100 ms. */
+async function tracedTo<T>(url: string, work: () => Promise<T>): Promise<T> {
+  const saved = TRACE_ENV.map((name) => process.env[name]);
+  process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = url;
+  process.env.OTEL_BSP_SCHEDULE_DELAY = '100';
+  try {
+    return await work();
+  } finally {
+    TRACE_ENV.forEach((name, i) => {
+      if (saved[i] === undefined) delete process.env[name];
+      else process.env[name] = saved[i];
+    });
+  }
+}
 
 /** The participants of the native stack, by kind. */
 const PARTICIPANTS = {
@@ -119,20 +150,10 @@ scenario(
   'one checkpoint with rollouts in flight is one trace across the CLI and every participant',
   async () => {
     const receiver = await otlpReceiver();
-    const saved = TRACE_ENV.map((name) => process.env[name]);
-    // Every process the deployment and its CLI start reads these.
-    process.env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = receiver.url;
-    process.env.OTEL_BSP_SCHEDULE_DELAY = '100';
-    try {
+    // Every process the deployment and its CLI start reads the variables.
+    await tracedTo(receiver.url, async () => {
       const dep = await Deployment.start('native', { tokenCapture: true });
-      await dep.backend('/_ctl/hold', { after_calls_per_rollout: 1 });
-      const rollouts = ['tr-1', 'tr-2'].map((id) => dep.post('env', '/run', weatherEpisode(id)));
-      await dep.waitForCalls(4);
-
-      const dir = join(dep.runDir, 'checkpoints', 'traced-1');
-      expect(await checkpointCli(dep, ['--id', 'traced-1', '--dir', dir])).toBe(0);
-      await dep.backend('/_ctl/release', {});
-      for (const rollout of rollouts) expect((await rollout.reply).status).toBe(200);
+      await checkpointWithRolloutsHeld(dep, 'traced-1');
 
       const spans = receiver.spans;
       const find = (pred: (s: Received) => boolean) => spans.filter(pred);
@@ -212,13 +233,41 @@ scenario(
         );
         expect(run.traceId).not.toBe(root!.traceId);
       }
-    } finally {
-      TRACE_ENV.forEach((name, i) => {
-        if (saved[i] === undefined) delete process.env[name];
-        else process.env[name] = saved[i];
-      });
-      receiver.server.close();
-    }
+    }).finally(() => receiver.server.close());
+  },
+  240_000,
+);
+
+scenario(
+  'with no rollout sampled, a checkpoint with rollouts in flight is still one whole trace, and no request of a rollout is recorded',
+  async () => {
+    const receiver = await otlpReceiver();
+    await tracedTo(receiver.url, async () => {
+      const dep = await Deployment.start('native', { rolloutSampleRatio: 0 });
+      await checkpointWithRolloutsHeld(dep, 'unsampled-1');
+
+      const spans = receiver.spans;
+      const named = (name: string) => spans.filter((s) => s.name === name);
+      await until(
+        () => named('gym.checkpoint.resume').length === ALL.length,
+        'every participant’s resume span',
+        60_000,
+      );
+      // A request span would be exported within two 100 ms batches of its end: give it ten.
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      const [root, ...otherRoots] = named('ckpt-gym checkpoint');
+      expect(otherRoots).toEqual([]);
+      const inTrace = spans.filter((s) => s.traceId === root!.traceId);
+      for (const operation of ['prepare', 'commit', 'resume']) {
+        const participants = inTrace.filter((s) => s.name === `gym.checkpoint.${operation}`);
+        expect(participants.map((s) => s.service).sort()).toEqual([...ALL].sort());
+      }
+      const orphans = inTrace.filter(
+        (s) => s !== root && !inTrace.some((parent) => parent.spanId === s.parentSpanId),
+      );
+      expect(orphans).toEqual([]);
+      expect(spans.filter((s) => !s.name.includes('checkpoint')).map((s) => s.name)).toEqual([]);
+    }).finally(() => receiver.server.close());
   },
   240_000,
 );

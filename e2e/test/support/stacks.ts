@@ -30,6 +30,8 @@ export interface StackOptions {
    * and Simple Agent takes them over MCP (`direct_http` by default).
    */
   tools?: 'direct_http' | 'mcp';
+  /** `telemetry.traces.rollout_sample_ratio` (unset: the default, every rollout). */
+  rolloutSampleRatio?: number;
 }
 
 /** Files the slow-verify server reads and writes, relative to the run directory. */
@@ -120,6 +122,9 @@ export function stackYaml(
   const lines = [
     `checkpoint: { enabled: true, control_auth_token: ${TOKEN}, lease_grace_seconds: 600 }`,
     `token_capture: { enabled: ${options.tokenCapture ?? false}, dir: ./capture }`,
+    ...(options.rolloutSampleRatio === undefined
+      ? []
+      : [`telemetry: { traces: { rollout_sample_ratio: ${options.rolloutSampleRatio} } }`]),
     'servers:',
   ];
   switch (shape) {

@@ -80,6 +80,8 @@ export interface TelemetrySettings {
   readonly serviceName?: string;
   /** The OTLP/HTTP traces URL (as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`); absent: tracing off. */
   readonly tracesEndpoint?: string;
+  /** The share of rollouts whose requests are traced, 0 to 1; absent: every one. */
+  readonly rolloutSampleRatio?: number;
 }
 
 export interface ServerSettings {
@@ -228,7 +230,10 @@ const STACK_SCHEMA = {
         traces: {
           type: 'object',
           additionalProperties: false,
-          properties: { endpoint: { type: 'string', pattern: '^https?://' } },
+          properties: {
+            endpoint: { type: 'string', pattern: '^https?://' },
+            rollout_sample_ratio: { type: 'number', minimum: 0, maximum: 1 },
+          },
         },
       },
     },
@@ -274,7 +279,10 @@ interface RawStack {
     data_connection_limit?: number;
     data_connection_limit_per_host?: number;
   };
-  telemetry: { service_name?: string; traces?: { endpoint?: string } };
+  telemetry: {
+    service_name?: string;
+    traces?: { endpoint?: string; rollout_sample_ratio?: number };
+  };
   servers: Record<string, RawServer>;
 }
 
@@ -748,8 +756,10 @@ function buildSettings(raw: RawStack, source: string, baseDir: string): StackSet
 
 function telemetrySettings(block: RawStack['telemetry']): TelemetrySettings {
   const endpoint = block.traces?.endpoint;
+  const ratio = block.traces?.rollout_sample_ratio;
   return {
     ...(block.service_name === undefined ? {} : { serviceName: block.service_name }),
     ...(endpoint === undefined ? {} : { tracesEndpoint: endpoint }),
+    ...(ratio === undefined ? {} : { rolloutSampleRatio: ratio }),
   };
 }

@@ -15,7 +15,7 @@ import { randomUUID } from 'node:crypto';
 import { context, createContextKey, ROOT_CONTEXT } from '@opentelemetry/api';
 
 import type { Logger } from '../logging.js';
-import type { RequestSpan } from './request-spans.js';
+import type { TraceCarrier } from './request-spans.js';
 import { tracingOn } from './tracing.js';
 
 export const REQUEST_ID_HEADER = 'x-request-id';
@@ -32,8 +32,11 @@ export function requestIdFor(header: string | string[] | undefined): string {
 export interface RequestScope {
   readonly id: string;
   readonly logger: Logger;
-  /** While tracing is on, the request's span once its route has opened one. */
-  span?: RequestSpan;
+  /**
+   * While tracing is on, the request's span once its route has opened one, or the caller's trace
+   * headers when its trace is not sampled.
+   */
+  span?: TraceCarrier;
 }
 
 /** Where the request's scope is kept while tracing is off. */

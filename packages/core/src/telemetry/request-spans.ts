@@ -22,6 +22,7 @@ import {
   type Span,
   SpanStatusCode,
   trace,
+  TraceFlags,
 } from '@opentelemetry/api';
 import {
   ATTR_HTTP_REQUEST_METHOD,
@@ -38,8 +39,31 @@ import { spanRecorder, tracingOn } from './tracing.js';
 /** The episode a data-plane request is part of (its `/ng-rollout/<key>` prefix). */
 export const ATTR_CAPTURE_KEY = 'nemo.gym.capture_key';
 
+/** What a request's calls take their trace headers from (`traceparent`, `tracestate`). */
+export interface TraceCarrier {
+  traceHeaders(): Readonly<Record<string, string>>;
+}
+
+/** A W3C `traceparent` of version 00: version, trace id, parent id, flags. */
+const TRACEPARENT_V00 = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
+
+/**
+ * The caller's trace headers when `traceparent` is a valid one whose sampled flag is off, else
+ * undefined. Under a parent-based sampler such a request records nothing, so it needs no span: its
+ * calls carry the caller's trace context on, unsampled, and the rollout stays one trace.
+ */
+export function unsampledCallerTrace(
+  headers: IncomingHttpHeaders,
+): Readonly<Record<string, string>> | undefined {
+  const traceparent = headers.traceparent;
+  if (typeof traceparent !== 'string' || !TRACEPARENT_V00.test(traceparent)) return undefined;
+  if ((Number.parseInt(traceparent.slice(53), 16) & TraceFlags.SAMPLED) !== 0) return undefined;
+  const tracestate = headers.tracestate;
+  return typeof tracestate === 'string' ? { traceparent, tracestate } : { traceparent };
+}
+
 /** A data-plane request's server span, started on first need (see the file comment). */
-export class RequestSpan {
+export class RequestSpan implements TraceCarrier {
   readonly #startMs = nowMs();
   #span: Span | undefined;
   #traceHeaders: Readonly<Record<string, string>> | undefined;
@@ -95,16 +119,22 @@ export class RequestSpan {
 /**
  * The route's first handler: while tracing is on, gives the request its span, ended when the
  * response closes, and held by the request's scope (a gym app's first middleware) for the calls
- * its work makes. Never answers.
+ * its work makes; a request whose caller's trace is not sampled gets none, only the caller's trace
+ * headers to pass on (under a parent-based sampler, the default). Never answers.
  */
 export function traceRequest(route: string): RequestHandler {
   return (req, res, next) => {
     const recorder = spanRecorder();
     if (recorder !== undefined) {
-      const span = new RequestSpan(recorder, req.method, route, req.headers, requestEpisode(req));
       const scope = currentRequestScope();
-      if (scope !== undefined) scope.span = span;
-      res.once('close', () => span.end(res.statusCode));
+      const unsampled = recorder.followsParent ? unsampledCallerTrace(req.headers) : undefined;
+      if (unsampled !== undefined) {
+        if (scope !== undefined) scope.span = { traceHeaders: () => unsampled };
+      } else {
+        const span = new RequestSpan(recorder, req.method, route, req.headers, requestEpisode(req));
+        if (scope !== undefined) scope.span = span;
+        res.once('close', () => span.end(res.statusCode));
+      }
     }
     next();
   };

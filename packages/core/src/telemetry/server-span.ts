@@ -50,7 +50,13 @@ import {
 export interface SpanRecorder {
   readonly resource: Resource;
   readonly scope: InstrumentationScope;
+  /** Samples the request spans (the data plane's): see `requestSampler` in `tracing.ts`. */
   readonly sampler: Sampler;
+  /**
+   * Whether `sampler` keeps its caller's decision (parent-based): then a request whose caller's
+   * trace is not sampled needs no span at all.
+   */
+  readonly followsParent: boolean;
   readonly processor: SpanProcessor;
   readonly ids: IdGenerator;
   /** Where ended request spans wait to be recorded (`request-spans.ts`). */

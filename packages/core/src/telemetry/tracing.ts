@@ -47,7 +47,21 @@ export interface TracingPlan {
   /** The OTLP/HTTP traces URL spans are posted to. */
   readonly endpoint: string;
   readonly serviceName: string;
+  /**
+   * The share of rollouts (traces begun by a data-plane request) whose request spans are
+   * recorded; a caller's sampled flag is followed. Absent: the request spans are sampled as
+   * every other span (`OTEL_TRACES_SAMPLER`, which sets it absent when it is set).
+   */
+  readonly rolloutSampleRatio?: number;
 }
+
+/**
+ * The share of rollouts traced when neither the stack file nor `OTEL_TRACES_SAMPLER` says: every
+ * one, as NeMo Gym's default span groups record every request. Measured on warm servers, recording
+ * a tenth or a hundredth costs as much as recording all (docs/telemetry.md, Cost): a lower share
+ * is for the volume a trace store keeps, not for CPU.
+ */
+export const DEFAULT_ROLLOUT_SAMPLE_RATIO = 1;
 
 function isTrue(value: string | undefined): boolean {
   return value?.trim().toLowerCase() === 'true';
@@ -97,6 +111,9 @@ export function tracingPlan(
   return {
     endpoint: endpoint ?? DEFAULT_TRACES_ENDPOINT,
     serviceName: nonEmpty(env.OTEL_SERVICE_NAME) ?? telemetry?.serviceName ?? defaultServiceName,
+    ...(nonEmpty(env.OTEL_TRACES_SAMPLER) === undefined
+      ? { rolloutSampleRatio: telemetry?.rolloutSampleRatio ?? DEFAULT_ROLLOUT_SAMPLE_RATIO }
+      : {}),
   };
 }
 
@@ -131,6 +148,16 @@ export function samplerFromEnv(env: Env): Sampler {
       }
       return new ParentBasedSampler({ root: new AlwaysOnSampler() });
   }
+}
+
+/**
+ * The sampler of the request spans: the plan's share of rollouts, by trace id, where a trace
+ * begins, and the caller's decision under it; without a share, the process's own `sampler`.
+ * Checkpoint spans always go through the process's sampler (default: every one).
+ */
+function requestSampler(plan: TracingPlan, sampler: Sampler): Sampler {
+  if (plan.rolloutSampleRatio === undefined) return sampler;
+  return new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(plan.rolloutSampleRatio) });
 }
 
 /** The running tracing of this process. */
@@ -175,8 +202,17 @@ export function startTracing(plan: TracingPlan, options: StartTracingOptions = {
   const provider = new NodeTracerProvider({ resource, sampler, spanProcessors: [processor] });
   provider.register();
   const scope = { name: TRACER_NAME, version: undefined, schemaUrl: undefined };
-  const batch = new SpanBatch();
-  const recorder = { resource, scope, sampler, processor, ids: new RandomIdGenerator(), batch };
+  const requests = requestSampler(plan, sampler);
+  const recorder = {
+    resource,
+    scope,
+    sampler: requests,
+    followsParent: requests instanceof ParentBasedSampler,
+    processor,
+    ids: new RandomIdGenerator(),
+    batch: new SpanBatch(),
+  };
+  const { batch } = recorder;
   const tracing: Tracing = {
     serviceName: plan.serviceName,
     async shutdown() {

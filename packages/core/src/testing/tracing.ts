@@ -15,17 +15,28 @@ export class InMemoryTracing {
   readonly #exporter = new InMemorySpanExporter();
   readonly #tracing: Tracing;
 
-  private constructor(serviceName: string) {
+  private constructor(serviceName: string, rolloutSampleRatio: number | undefined) {
     this.#tracing = startTracing(
-      { endpoint: 'http://127.0.0.1:9/unused', serviceName },
+      {
+        endpoint: 'http://127.0.0.1:9/unused',
+        serviceName,
+        ...(rolloutSampleRatio === undefined ? {} : { rolloutSampleRatio }),
+      },
       { exporter: this.#exporter },
     );
   }
 
-  /** Turns this process's tracing on into memory; throws if it traces already. */
-  static start(serviceName = 'test'): InMemoryTracing {
+  /**
+   * Turns this process's tracing on into memory; throws if it traces already. Every span is
+   * recorded unless `rolloutSampleRatio` samples the request spans (as a stack file's
+   * `telemetry.traces.rollout_sample_ratio` does).
+   */
+  static start(
+    serviceName = 'test',
+    options: { readonly rolloutSampleRatio?: number } = {},
+  ): InMemoryTracing {
     if (tracingOn()) throw new Error('this process traces already: shut that tracing down first');
-    return new InMemoryTracing(serviceName);
+    return new InMemoryTracing(serviceName, options.rolloutSampleRatio);
   }
 
   /** Every span that has ended, in the order they ended. */

@@ -3,6 +3,7 @@ import { resourceFromAttributes } from '@opentelemetry/resources';
 import {
   AlwaysOnSampler,
   InMemorySpanExporter,
+  ParentBasedSampler,
   RandomIdGenerator,
   type Sampler,
   SimpleSpanProcessor,
@@ -16,6 +17,7 @@ export function recorderWith(sampler: Sampler = new AlwaysOnSampler()) {
     resource: resourceFromAttributes({ 'service.name': 'unit' }),
     scope: { name: 'ckpt-gym', version: undefined, schemaUrl: undefined },
     sampler,
+    followsParent: sampler instanceof ParentBasedSampler,
     processor: new SimpleSpanProcessor(exporter),
     ids: new RandomIdGenerator(),
     batch: new SpanBatch(),

@@ -18,10 +18,23 @@ import { gymRoute, type GymRoute, mountRoutes } from '../../src/route.js';
 import { requestTelemetry } from '../../src/telemetry/http.js';
 import { currentRequestScope } from '../../src/telemetry/request-id.js';
 import { GymMetrics } from '../../src/telemetry/metrics.js';
-import { ATTR_CAPTURE_KEY } from '../../src/telemetry/request-spans.js';
+import {
+  ATTR_CAPTURE_KEY,
+  RequestSpan,
+  unsampledCallerTrace,
+} from '../../src/telemetry/request-spans.js';
+import { SPAN_BATCH_DELAY_MS } from '../../src/telemetry/server-span.js';
 import { inSpan } from '../../src/telemetry/tracing.js';
 import { captureLogLines } from '../support/log-lines.js';
-import { named, one, parentOf, traceId, useInMemoryTracing, waitForSpans } from './spans.js';
+import {
+  named,
+  one,
+  parentOf,
+  sampleRolloutsAt,
+  traceId,
+  useInMemoryTracing,
+  waitForSpans,
+} from './spans.js';
 
 useInMemoryTracing();
 
@@ -60,7 +73,28 @@ function echoRoute(): GymRoute {
     path: '/v1/echo',
     body: { limit: '1mb', parse: (body) => body },
     episode: 'optional',
-    run: ({ req }) => ({ traceparent: req.headers.traceparent ?? null }),
+    run: ({ req }) => ({
+      traceparent: req.headers.traceparent ?? null,
+      ...(req.headers.tracestate === undefined ? {} : { tracestate: req.headers.tracestate }),
+    }),
+  });
+}
+
+/**
+ * A route that says whether its request's span records (null: the request has no span), then
+ * calls `downstream`'s echo and answers with the trace context that call carried.
+ */
+function probeRoute(downstream: string): GymRoute {
+  return gymRoute({
+    method: 'post',
+    path: '/probe',
+    episode: 'none',
+    run: async ({ signal }) => {
+      const span = currentRequestScope()?.span;
+      const recording = span instanceof RequestSpan ? span.span().isRecording() : null;
+      const reply = await postUpstream(clients.data, `${downstream}/v1/echo`, { json: {}, signal });
+      return { recording, ...(JSON.parse(reply.body) as object) };
+    },
   });
 }
 
@@ -225,26 +259,90 @@ describe('data-plane spans with OTEL_TRACES_SAMPLER=always_off', () => {
   });
 
   it('a route’s span does not record, yet its calls pass a trace context on', async () => {
-    const downstream = await serve([echoRoute()]);
-    const probe = gymRoute({
-      method: 'post',
-      path: '/probe',
-      episode: 'none',
-      run: async ({ signal }) => {
-        const recording = currentRequestScope()?.span?.span().isRecording() ?? null;
-        const reply = await postUpstream(clients.data, `${downstream}/v1/echo`, {
-          json: {},
-          signal,
-        });
-        return { recording, ...(JSON.parse(reply.body) as object) };
-      },
-    });
-    const upstream = await serve([probe]);
+    const upstream = await serve([probeRoute(await serve([echoRoute()]))]);
     const reply = await clients.data
       .post(`${upstream}/probe`, { json: {} })
       .json<{ recording: boolean | null; traceparent: string | null }>();
     expect(reply.recording).toBe(false);
     expect(reply.traceparent).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-00$/);
     expect(named('POST /probe')).toEqual([]);
+  });
+});
+
+describe('rollouts sampled at a ratio (the stack file’s rollout_sample_ratio)', () => {
+  describe('at 0', () => {
+    sampleRolloutsAt(0);
+
+    it('a request that begins a trace records no span; its calls carry that trace on, unsampled', async () => {
+      const downstream = await serve([echoRoute()]);
+      const upstream = await serve([relayRoute(downstream)]);
+      const reply = await clients.data
+        .post(`${upstream}/ng-rollout/r-4/run`, { json: {} })
+        .json<{ traceparent: string | null }>();
+      expect(reply.traceparent).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-00$/);
+      await inSpan('after', {}, async () => {});
+      await new Promise((resolve) => setTimeout(resolve, SPAN_BATCH_DELAY_MS * 2));
+      expect(named('POST /run')).toEqual([]);
+      expect(named('POST /v1/echo')).toEqual([]);
+      expect(named('after')).toHaveLength(1);
+    });
+
+    it('a caller’s sampled trace is followed: its requests are recorded, as a checkpoint’s are', async () => {
+      const downstream = await serve([echoRoute()]);
+      const upstream = await serve([relayRoute(downstream)]);
+      await inSpan('checkpoint', {}, () =>
+        clients.data.post(`${upstream}/ng-rollout/r-5/run`, { json: {} }),
+      );
+      await waitForSpans('POST /v1/echo', 1);
+      expect(parentOf(one('POST /v1/echo'))).toBe(one('POST /run'));
+      expect(parentOf(one('POST /run'))).toBe(one('checkpoint'));
+    });
+  });
+
+  describe('at 1', () => {
+    sampleRolloutsAt(1);
+
+    it('every request that begins a trace records its span, and its calls’ spans under it', async () => {
+      const downstream = await serve([echoRoute()]);
+      const upstream = await serve([relayRoute(downstream)]);
+      await clients.data.post(`${upstream}/ng-rollout/r-6/run`, { json: {} });
+      await waitForSpans('POST /v1/echo', 1);
+      expect(parentOf(one('POST /v1/echo'))).toBe(one('POST /run'));
+    });
+  });
+});
+
+describe('a request under an unsampled caller', () => {
+  const caller = `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-00`;
+
+  it('makes no span of its own: its calls carry the caller’s traceparent and tracestate as they came', async () => {
+    const upstream = await serve([probeRoute(await serve([echoRoute()]))]);
+    const reply = await clients.data
+      .post(`${upstream}/probe`, { json: {}, headers: { traceparent: caller, tracestate: 'k=v' } })
+      .json<object>();
+    expect(reply).toEqual({ recording: null, traceparent: caller, tracestate: 'k=v' });
+  });
+
+  it('is told by its traceparent: a valid version-00 header whose sampled flag is off', () => {
+    expect(unsampledCallerTrace({ traceparent: caller })).toEqual({ traceparent: caller });
+    expect(unsampledCallerTrace({ traceparent: caller, tracestate: 'k=v' })).toEqual({
+      traceparent: caller,
+      tracestate: 'k=v',
+    });
+    const flags02 = caller.replace(/-00$/, '-02');
+    expect(unsampledCallerTrace({ traceparent: flags02 })).toEqual({ traceparent: flags02 });
+    for (const traceparent of [
+      caller.replace(/-00$/, '-01'),
+      caller.replace(/-00$/, '-03'),
+      `00-${'0'.repeat(32)}-${'cd'.repeat(8)}-00`,
+      `00-${'ab'.repeat(16)}-${'0'.repeat(16)}-00`,
+      `01-${'ab'.repeat(16)}-${'cd'.repeat(8)}-00`,
+      caller.toUpperCase(),
+      `${caller}-extra`,
+      '',
+    ]) {
+      expect(unsampledCallerTrace({ traceparent })).toBeUndefined();
+    }
+    expect(unsampledCallerTrace({})).toBeUndefined();
   });
 });

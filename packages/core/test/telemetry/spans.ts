@@ -13,9 +13,15 @@ function current(): InMemoryTracing {
   return tracing;
 }
 
+/** The request spans' sample ratio of the describe block running (`sampleRolloutsAt`). */
+let rolloutSampleRatio: number | undefined;
+
 export function useInMemoryTracing(serviceName = 'unit'): void {
   beforeEach(() => {
-    tracing = InMemoryTracing.start(serviceName);
+    tracing = InMemoryTracing.start(
+      serviceName,
+      rolloutSampleRatio === undefined ? {} : { rolloutSampleRatio },
+    );
   });
   afterEach(async () => {
     await tracing?.shutdown();
@@ -32,3 +38,16 @@ export const parentOf = (span: ReadableSpan): ReadableSpan | undefined => curren
 export const traceId = (span: ReadableSpan): string => span.spanContext().traceId;
 export const waitForSpans = (name: string, count: number, timeoutMs?: number): Promise<void> =>
   current().waitForSpans(name, count, timeoutMs);
+
+/**
+ * In the calling describe block, tracing samples the request spans at `ratio`, as a stack file's
+ * `telemetry.traces.rollout_sample_ratio` does (elsewhere every span is recorded).
+ */
+export function sampleRolloutsAt(ratio: number): void {
+  beforeAll(() => {
+    rolloutSampleRatio = ratio;
+  });
+  afterAll(() => {
+    rolloutSampleRatio = undefined;
+  });
+}

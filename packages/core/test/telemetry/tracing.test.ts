@@ -13,6 +13,7 @@ import { ConfigError } from '../../src/errors.js';
 import { createHttpClients } from '../../src/http-client.js';
 import { parseStackFile } from '../../src/settings.js';
 import {
+  DEFAULT_ROLLOUT_SAMPLE_RATIO,
   DEFAULT_TRACES_ENDPOINT,
   inSpan,
   samplerFromEnv,
@@ -35,6 +36,7 @@ describe('tracingPlan', () => {
     expect(tracingPlan({}, FILE, 'env')).toEqual({
       endpoint: FILE.tracesEndpoint,
       serviceName: 'my-stack',
+      rolloutSampleRatio: DEFAULT_ROLLOUT_SAMPLE_RATIO,
     });
     expect(tracingPlan({}, { tracesEndpoint: FILE.tracesEndpoint }, 'env')?.serviceName).toBe(
       'env',
@@ -65,7 +67,20 @@ describe('tracingPlan', () => {
     expect(tracingPlan({ OTEL_TRACES_EXPORTER: 'otlp' }, undefined, 'env')).toEqual({
       endpoint: DEFAULT_TRACES_ENDPOINT,
       serviceName: 'env',
+      rolloutSampleRatio: DEFAULT_ROLLOUT_SAMPLE_RATIO,
     });
+  });
+
+  it('traces every rollout unless the file says how many; OTEL_TRACES_SAMPLER samples them as every span', () => {
+    expect(DEFAULT_ROLLOUT_SAMPLE_RATIO).toBe(1);
+    const ratio = (env: Record<string, string>, file: object = FILE) =>
+      tracingPlan(env, file, 'env')?.rolloutSampleRatio;
+    expect(ratio({})).toBe(1);
+    expect(ratio({}, { ...FILE, rolloutSampleRatio: 0.25 })).toBe(0.25);
+    expect(ratio({}, { ...FILE, rolloutSampleRatio: 0 })).toBe(0);
+    const sampler = { OTEL_TRACES_SAMPLER: 'parentbased_always_off' };
+    expect(ratio(sampler, { ...FILE, rolloutSampleRatio: 0 })).toBeUndefined();
+    expect(ratio({ OTEL_TRACES_SAMPLER: ' ' }, { ...FILE, rolloutSampleRatio: 0 })).toBe(0);
   });
 
   it('OTEL_SERVICE_NAME names the service over the file', () => {
@@ -135,6 +150,16 @@ describe('the telemetry: block', () => {
       tracesEndpoint: 'http://c:4318/v1/traces',
     });
     expect(parseStackFile(servers).telemetry).toEqual({});
+    const sampled = `telemetry:\n  traces: { rollout_sample_ratio: 0.25 }\n${servers}`;
+    expect(parseStackFile(sampled).telemetry).toEqual({ rolloutSampleRatio: 0.25 });
+  });
+
+  it('refuses a rollout sample ratio outside 0 to 1', () => {
+    for (const ratio of ['-0.1', '1.5', '"all"']) {
+      expect(() =>
+        parseStackFile(`telemetry:\n  traces: { rollout_sample_ratio: ${ratio} }\n${servers}`),
+      ).toThrow(/rollout_sample_ratio/);
+    }
   });
 
   it('refuses an unknown key with a suggestion, and an endpoint that is not an http URL', () => {
