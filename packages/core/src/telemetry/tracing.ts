@@ -156,8 +156,11 @@ export function samplerFromEnv(env: Env): Sampler {
  * Checkpoint spans always go through the process's sampler (default: every one).
  */
 function requestSampler(plan: TracingPlan, sampler: Sampler): Sampler {
-  if (plan.rolloutSampleRatio === undefined) return sampler;
-  return new ParentBasedSampler({ root: new TraceIdRatioBasedSampler(plan.rolloutSampleRatio) });
+  const ratio = plan.rolloutSampleRatio;
+  if (ratio === undefined) return sampler;
+  // The SDK's ratio sampler at 1 still drops one trace id in 2^32: every one means every one.
+  const root = ratio >= 1 ? new AlwaysOnSampler() : new TraceIdRatioBasedSampler(ratio);
+  return new ParentBasedSampler({ root });
 }
 
 /** The running tracing of this process. */

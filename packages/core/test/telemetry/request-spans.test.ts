@@ -24,7 +24,7 @@ import {
   unsampledCallerTrace,
 } from '../../src/telemetry/request-spans.js';
 import { SPAN_BATCH_DELAY_MS } from '../../src/telemetry/server-span.js';
-import { inSpan } from '../../src/telemetry/tracing.js';
+import { inSpan, spanRecorder } from '../../src/telemetry/tracing.js';
 import { captureLogLines } from '../support/log-lines.js';
 import {
   named,
@@ -301,6 +301,10 @@ describe('rollouts sampled at a ratio (the stack file’s rollout_sample_ratio)'
 
   describe('at 1', () => {
     sampleRolloutsAt(1);
+
+    it('samples by an always-on root, not by trace id (the SDK’s ratio of 1 drops one id in 2^32)', () => {
+      expect(spanRecorder()!.sampler.toString()).toMatch(/^ParentBased\{root=AlwaysOnSampler,/);
+    });
 
     it('every request that begins a trace records its span, and its calls’ spans under it', async () => {
       const downstream = await serve([echoRoute()]);
