@@ -9,6 +9,8 @@
 // with its standard error. The CPU is this process's: server and client, the client's share the
 // same in both. On this shared 2-core machine the stack bench's CPU per rollout moves by ±1 ms
 // between two identical stacks; this resolves tens of µs.
+// Tracing is toggled inside one process, so what a traced process's heap carries for its whole
+// life is not seen here (a request's context cost 15 % that way): `tracing-route` measures it.
 //
 //   npm run build && npm run bench -- tracing-cost [--rollouts 200] [--blocks 14]
 //

@@ -12,7 +12,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 
-import { context, createContextKey, ROOT_CONTEXT } from '@opentelemetry/api';
+import { type Context, context, createContextKey, ROOT_CONTEXT } from '@opentelemetry/api';
 
 import type { Logger } from '../logging.js';
 import type { TraceCarrier } from './request-spans.js';
@@ -46,12 +46,36 @@ const currentRequest = new AsyncLocalStorage<RequestScope>();
 export const REQUEST_SCOPE_KEY = createContextKey('ckpt-gym request scope');
 
 /**
+ * A request's context while tracing is on: the root context with its scope, as one small object.
+ * The API's own (`ROOT_CONTEXT.setValue`) is a Map and three closures a request, and the async
+ * context is copied onto everything the request's work starts: with it a traced server spent
+ * 1.156× the CPU of an untraced one on a request under an unsampled caller, most of the
+ * difference in garbage collection; with this one 1.02–1.04× (`npm run bench -- tracing-route`).
+ * A value set on it gives the API's own context.
+ */
+class RequestScopeContext implements Context {
+  constructor(readonly scope: RequestScope) {}
+
+  getValue(key: symbol): unknown {
+    return key === REQUEST_SCOPE_KEY ? this.scope : undefined;
+  }
+
+  setValue(key: symbol, value: unknown): Context {
+    return ROOT_CONTEXT.setValue(REQUEST_SCOPE_KEY, this.scope).setValue(key, value);
+  }
+
+  deleteValue(key: symbol): Context {
+    return key === REQUEST_SCOPE_KEY ? ROOT_CONTEXT : this;
+  }
+}
+
+/**
  * Runs `work` (and everything it starts) as part of the request `scope`. With tracing on, from the
  * root context: a request's trace starts from its caller's `traceparent`, never from whatever
  * context the server's socket was opened in.
  */
 export function withRequestScope<T>(scope: RequestScope, work: () => T): T {
-  if (tracingOn()) return context.with(ROOT_CONTEXT.setValue(REQUEST_SCOPE_KEY, scope), work);
+  if (tracingOn()) return context.with(new RequestScopeContext(scope), work);
   return currentRequest.run(scope, work);
 }
 

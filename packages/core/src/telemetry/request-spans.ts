@@ -47,19 +47,30 @@ export interface TraceCarrier {
 /** A W3C `traceparent` of version 00: version, trace id, parent id, flags. */
 const TRACEPARENT_V00 = /^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$/;
 
+/** A caller's trace context, passed on as it came; its headers are built only if a call needs them. */
+class CallerTrace implements TraceCarrier {
+  constructor(
+    readonly traceparent: string,
+    readonly tracestate: string | undefined,
+  ) {}
+
+  traceHeaders(): Readonly<Record<string, string>> {
+    const { traceparent, tracestate } = this;
+    return tracestate === undefined ? { traceparent } : { traceparent, tracestate };
+  }
+}
+
 /**
- * The caller's trace headers when `traceparent` is a valid one whose sampled flag is off, else
+ * The caller's trace context when `traceparent` is a valid one whose sampled flag is off, else
  * undefined. Under a parent-based sampler such a request records nothing, so it needs no span: its
  * calls carry the caller's trace context on, unsampled, and the rollout stays one trace.
  */
-export function unsampledCallerTrace(
-  headers: IncomingHttpHeaders,
-): Readonly<Record<string, string>> | undefined {
+export function unsampledCallerTrace(headers: IncomingHttpHeaders): TraceCarrier | undefined {
   const traceparent = headers.traceparent;
   if (typeof traceparent !== 'string' || !TRACEPARENT_V00.test(traceparent)) return undefined;
   if ((Number.parseInt(traceparent.slice(53), 16) & TraceFlags.SAMPLED) !== 0) return undefined;
   const tracestate = headers.tracestate;
-  return typeof tracestate === 'string' ? { traceparent, tracestate } : { traceparent };
+  return new CallerTrace(traceparent, typeof tracestate === 'string' ? tracestate : undefined);
 }
 
 /** A data-plane request's server span, started on first need (see the file comment). */
@@ -129,7 +140,7 @@ export function traceRequest(route: string): RequestHandler {
       const scope = currentRequestScope();
       const unsampled = recorder.followsParent ? unsampledCallerTrace(req.headers) : undefined;
       if (unsampled !== undefined) {
-        if (scope !== undefined) scope.span = { traceHeaders: () => unsampled };
+        if (scope !== undefined) scope.span = unsampled;
       } else {
         const span = new RequestSpan(recorder, req.method, route, req.headers, requestEpisode(req));
         if (scope !== undefined) scope.span = span;

@@ -8,7 +8,7 @@
 import { createServer, request as httpRequest, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
-import { context } from '@opentelemetry/api';
+import { type Context, context, createContextKey } from '@opentelemetry/api';
 
 import { createHttpClients, postUpstream } from '../../src/http-client.js';
 import { gymRoute, mountRoutes } from '../../src/route.js';
@@ -227,6 +227,44 @@ describe('one async context per request', () => {
     closers.push(() => server.close());
     const reply = await fetch(`${server.url}/scope`, { headers: { 'x-request-id': 'in-otel' } });
     expect(await reply.json()).toEqual({ id: 'in-otel' });
+  });
+
+  test("a request's context is one small object: no Map, no closures of its own, the API's rules for values", async () => {
+    const { logger } = captureLogLines();
+    const app = createGymApp({ name: 'traced', kind: 'agent', checkpoint: undefined, logger });
+    const seen: Context[] = [];
+    mountRoutes(app.app, [
+      gymRoute({
+        method: 'get',
+        path: '/context',
+        episode: 'none',
+        run: () => {
+          seen.push(context.active());
+          return {};
+        },
+      }),
+    ]);
+    const server = await listen(app.finish(), 0);
+    closers.push(() => server.close());
+    for (const id of ['first', 'second']) {
+      await fetch(`${server.url}/context`, { headers: { 'x-request-id': id } });
+    }
+    const [first, second] = seen as [Context, Context];
+    // The API's own context holds a Map and makes its methods per context (docs in request-id.ts).
+    expect(Object.values(first).some((value) => value instanceof Map)).toBe(false);
+    expect(first.getValue).toBe(second.getValue);
+    expect(first.setValue).toBe(second.setValue);
+    const scopeOf = (ctx: Context) => (ctx.getValue(REQUEST_SCOPE_KEY) as RequestScope).id;
+    expect([scopeOf(first), scopeOf(second)]).toEqual(['first', 'second']);
+    const key = createContextKey('another value');
+    const withValue = first.setValue(key, 42);
+    expect([scopeOf(withValue), withValue.getValue(key), first.getValue(key)]).toEqual([
+      'first',
+      42,
+      undefined,
+    ]);
+    expect(first.deleteValue(key)).toBe(first);
+    expect(first.deleteValue(REQUEST_SCOPE_KEY).getValue(REQUEST_SCOPE_KEY)).toBeUndefined();
   });
 
   test("a control operation's span keeps the scope of the request it serves", async () => {

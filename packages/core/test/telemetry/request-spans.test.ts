@@ -4,7 +4,7 @@
  * rollout's calls across servers are one trace.
  */
 import { once } from 'node:events';
-import type { Server } from 'node:http';
+import type { IncomingHttpHeaders, Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 
 import { jest } from '@jest/globals';
@@ -328,13 +328,15 @@ describe('a request under an unsampled caller', () => {
   });
 
   it('is told by its traceparent: a valid version-00 header whose sampled flag is off', () => {
-    expect(unsampledCallerTrace({ traceparent: caller })).toEqual({ traceparent: caller });
-    expect(unsampledCallerTrace({ traceparent: caller, tracestate: 'k=v' })).toEqual({
+    const passedOn = (headers: IncomingHttpHeaders) =>
+      unsampledCallerTrace(headers)?.traceHeaders();
+    expect(passedOn({ traceparent: caller })).toEqual({ traceparent: caller });
+    expect(passedOn({ traceparent: caller, tracestate: 'k=v' })).toEqual({
       traceparent: caller,
       tracestate: 'k=v',
     });
     const flags02 = caller.replace(/-00$/, '-02');
-    expect(unsampledCallerTrace({ traceparent: flags02 })).toEqual({ traceparent: flags02 });
+    expect(passedOn({ traceparent: flags02 })).toEqual({ traceparent: flags02 });
     for (const traceparent of [
       caller.replace(/-00$/, '-01'),
       caller.replace(/-00$/, '-03'),
