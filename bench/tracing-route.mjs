@@ -19,7 +19,6 @@
 // bench/results/tracing-route.json (or --out).
 import { fork } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import { loadavg } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -28,6 +27,7 @@ import { parseArgs } from 'node:util';
 
 import { integerFlag, nextMessage } from './lib/flags.mjs';
 import { otlpSink } from './lib/otlp-sink.mjs';
+import { sampleCpu } from './lib/processes.mjs';
 import { writeResult } from './lib/results.mjs';
 
 const { values: flags } = parseArgs({
@@ -58,10 +58,7 @@ const SERVER = join(repo, 'bench/lib/route-server.mjs');
 const sleep = (ms) => new Promise((done) => setTimeout(done, ms));
 
 /** A process's CPU so far (user + system), in ms. */
-function cpuMs(pid) {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-  return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
-}
+const cpuMs = (pid) => sampleCpu(pid).cpu_ms;
 
 /** One route server, traced (to `sink`) or not; resolves once it listens. */
 async function launch(traced, sink) {
