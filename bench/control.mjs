@@ -15,7 +15,6 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { captureKey, CONTROL_VALIDATORS, nextAttempt } from '@ckpt-gym/core/protocol';
 import {
@@ -28,7 +27,9 @@ import {
 } from '@ckpt-gym/core/server';
 import express from 'express';
 
-const { values: flags } = parseArgs({
+import { benchFlags, refuse } from './lib/flags.mjs';
+
+const flags = benchFlags(import.meta.url, {
   options: {
     episodes: { type: 'string', default: '100000' },
     payload: { type: 'string', default: '200' },
@@ -40,8 +41,7 @@ const REPEATS = 3;
 const TOKEN = 'bench-token';
 /** Episodes reaching their boundary per event-loop turn once admission closed. */
 const PARK_BATCH = 5000;
-if (!(EPISODES > 0 && PAYLOAD_BYTES >= 0))
-  throw new Error('--episodes and --payload must be positive');
+if (!(EPISODES > 0 && PAYLOAD_BYTES >= 0)) refuse('--episodes and --payload must be positive');
 
 /** Episodes in flight in memory: running until admission closes, then parking in batches. */
 class BenchParticipant extends BaseParticipant {

@@ -16,24 +16,22 @@ import http from 'node:http';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { launchStack } from '@ckpt-gym/coordinator-cli';
 
+import { benchFlags, integerFlag } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 import { serverCpuMs } from './lib/stack.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     rollouts: { type: 'string', default: '3000' },
     rounds: { type: 'string', default: '3' },
     out: { type: 'string' },
   },
 });
-const ROLLOUTS = Number(flags.rollouts);
-const ROUNDS = Number(flags.rounds);
-if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
-if (!Number.isSafeInteger(ROUNDS) || ROUNDS < 1) throw new Error('--rounds must be ≥ 1');
+const ROLLOUTS = integerFlag(flags, 'rollouts', 1);
+const ROUNDS = integerFlag(flags, 'rounds', 1);
 const CONCURRENCY = 16;
 const WARMUP = 300;
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');

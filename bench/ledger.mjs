@@ -18,13 +18,13 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { CaptureLedger } from '@ckpt-gym/policy-model-server';
 
+import { benchFlags, integerFlag, refuse } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     rollouts: { type: 'string', default: '8000' },
     appends: { type: 'string', default: '2000' },
@@ -35,20 +35,14 @@ const { values: flags } = parseArgs({
     out: { type: 'string' },
   },
 });
-const count = (name) => {
-  const n = Number(flags[name]);
-  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`--${name} must be ≥ 1`);
-  return n;
-};
-const ROLLOUTS = count('rollouts');
-const APPENDS = count('appends');
-const CONCURRENCY = count('concurrency');
-const RUNS = count('runs');
-const CLEANUP_ROLLOUTS = count('cleanup-rollouts');
+const ROLLOUTS = integerFlag(flags, 'rollouts', 1);
+const APPENDS = integerFlag(flags, 'appends', 1);
+const CONCURRENCY = integerFlag(flags, 'concurrency', 1);
+const RUNS = integerFlag(flags, 'runs', 1);
+const CLEANUP_ROLLOUTS = integerFlag(flags, 'cleanup-rollouts', 1);
 const PHASES = new Set(flags.only.split(','));
 for (const phase of PHASES) {
-  if (!['restore', 'append', 'cleanup'].includes(phase))
-    throw new Error(`--only: no phase ${phase}`);
+  if (!['restore', 'append', 'cleanup'].includes(phase)) refuse(`--only: no phase ${phase}`);
 }
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/ledger.json'));

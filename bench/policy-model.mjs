@@ -29,12 +29,13 @@ import { cpus, tmpdir, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { CaptureLedger, PolicyParticipant } from '@ckpt-gym/policy-model-server';
 
+import { benchFlags } from './lib/flags.mjs';
+
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     requests: { type: 'string', default: '3000' },
     concurrency: { type: 'string', default: '32' },

@@ -21,13 +21,12 @@ import http from 'node:http';
 import { loadavg } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { listen, newRoutingId } from '@ckpt-gym/core/server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
 
 import { percentiles } from './lib/percentile.mjs';
-import { integerFlag, nextMessage } from './lib/flags.mjs';
+import { benchFlags, integerFlag, nextMessage } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 
 const WORKER_CHILD = '--worker-child';
@@ -65,7 +64,7 @@ async function cpuOf(children) {
 }
 
 async function main() {
-  const { values: flags } = parseArgs({
+  const flags = benchFlags(import.meta.url, {
     options: {
       calls: { type: 'string', default: '2000' },
       blocks: { type: 'string', default: '8' },

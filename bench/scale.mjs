@@ -29,7 +29,6 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import {
@@ -44,6 +43,7 @@ import {
 import { parseCaptureKey } from '@ckpt-gym/core/protocol';
 import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
+import { benchFlags, integerFlag } from './lib/flags.mjs';
 import { restoreFloor } from './lib/floor.mjs';
 import { netdevMaxBacklog, networkCounters, networkCountersSince } from './lib/network.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
@@ -57,7 +57,7 @@ import {
 } from './lib/processes.mjs';
 import { difference, episodeBody } from './lib/stack.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     rollouts: { type: 'string', default: '1000' },
     out: { type: 'string' },
@@ -71,18 +71,12 @@ const { values: flags } = parseArgs({
     'commit-only': { type: 'boolean', default: false },
   },
 });
-const ROLLOUTS = Number(flags.rollouts);
-if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
-function workersFlag(name) {
-  const n = Number(flags[name]);
-  if (!Number.isSafeInteger(n) || n < 1) throw new Error(`--${name} must be ≥ 1`);
-  return n;
-}
+const ROLLOUTS = integerFlag(flags, 'rollouts', 1);
 const WORKERS = {
-  policy: workersFlag('policy-workers'),
-  simple_agent: workersFlag('agent-workers'),
-  env: workersFlag('env-workers'),
-  weather: workersFlag('resources-workers'),
+  policy: integerFlag(flags, 'policy-workers', 1),
+  simple_agent: integerFlag(flags, 'agent-workers', 1),
+  env: integerFlag(flags, 'env-workers', 1),
+  weather: integerFlag(flags, 'resources-workers', 1),
 };
 const POLICY_WORKERS = WORKERS.policy;
 const OTHER_WORKERS = Object.entries(WORKERS).filter(([name, n]) => name !== 'policy' && n > 1);

@@ -19,10 +19,10 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 
+import { benchFlags, refuse } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 import { AgentParticipant, AgentSessionTable, simpleAgent } from '@ckpt-gym/agent-server';
 import { createHttpClients } from '@ckpt-gym/core/client';
@@ -36,7 +36,7 @@ import {
   writeParticipantState,
 } from '@ckpt-gym/core/server';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     records: { type: 'string', default: '1000' },
     size: { type: 'string', default: '350' },
@@ -49,7 +49,7 @@ const REPEATS = 3;
 /** Issue 18's targets, for the default 1,000 records of 350 KB: twice NeMo Gym's speed here. */
 const TARGETS = { commit_seconds: 0.7, restore_seconds: 0.8 };
 const CHUNK = 8 << 20;
-if (!(RECORDS > 0 && SIZE_KB > 0)) throw new Error('--records and --size must be positive numbers');
+if (!(RECORDS > 0 && SIZE_KB > 0)) refuse('--records and --size must be positive numbers');
 
 // --- realistic records: an agent session of ~100 messages -----------------------------------------
 

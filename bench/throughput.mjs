@@ -29,7 +29,6 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import { createHttpClients } from '@ckpt-gym/core/client';
@@ -41,13 +40,14 @@ import {
   outsideCalls,
   stackAccessLines,
 } from './lib/hops.mjs';
+import { benchFlags, integerFlag } from './lib/flags.mjs';
 import { otlpSink } from './lib/otlp-sink.mjs';
 import { percentiles } from './lib/percentile.mjs';
 import { cpuProfileEnv, serverProfiles, toggleProfiles } from './lib/profile.mjs';
 import { writeResult } from './lib/results.mjs';
 import { difference, episodeBody, nativeStackYaml, serverCpuMs } from './lib/stack.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     rollouts: { type: 'string', default: '2000' },
     concurrency: { type: 'string', default: '64' },
@@ -59,14 +59,9 @@ const { values: flags } = parseArgs({
     'no-capture': { type: 'boolean', default: false },
   },
 });
-const ROLLOUTS = Number(flags.rollouts);
-const CONCURRENCY = Number(flags.concurrency);
-if (!Number.isSafeInteger(ROLLOUTS) || ROLLOUTS < 1) throw new Error('--rollouts must be ≥ 1');
-if (!Number.isSafeInteger(CONCURRENCY) || CONCURRENCY < 1) {
-  throw new Error('--concurrency must be ≥ 1');
-}
-const ROUNDS = Number(flags.rounds);
-if (!Number.isSafeInteger(ROUNDS) || ROUNDS < 1) throw new Error('--rounds must be ≥ 1');
+const ROLLOUTS = integerFlag(flags, 'rollouts', 1);
+const CONCURRENCY = integerFlag(flags, 'concurrency', 1);
+const ROUNDS = integerFlag(flags, 'rounds', 1);
 const WARMUP = Math.min(50, ROLLOUTS);
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/throughput.json'));

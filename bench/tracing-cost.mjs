@@ -22,14 +22,13 @@ import http from 'node:http';
 import { loadavg } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { startTracing, stopTracing } from '@ckpt-gym/core/client';
 import { listen } from '@ckpt-gym/core/server';
 import { createResourcesServer, weatherServer } from '@ckpt-gym/resources-server';
 
 import { otlpSink } from './lib/otlp-sink.mjs';
-import { integerFlag, nextMessage } from './lib/flags.mjs';
+import { benchFlags, integerFlag, nextMessage } from './lib/flags.mjs';
 import { writeResult } from './lib/results.mjs';
 
 const SINK_CHILD = '--sink-child';
@@ -43,7 +42,7 @@ async function runSinkChild() {
 }
 
 async function main() {
-  const { values: flags } = parseArgs({
+  const flags = benchFlags(import.meta.url, {
     options: {
       rollouts: { type: 'string', default: '200' },
       blocks: { type: 'string', default: '14' },

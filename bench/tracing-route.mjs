@@ -23,14 +23,13 @@ import http from 'node:http';
 import { loadavg } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
-import { integerFlag, nextMessage } from './lib/flags.mjs';
+import { benchFlags, integerFlag, nextMessage, refuse } from './lib/flags.mjs';
 import { otlpSink } from './lib/otlp-sink.mjs';
 import { sampleCpu } from './lib/processes.mjs';
 import { writeResult } from './lib/results.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     blocks: { type: 'string', default: '4' },
     warmup: { type: 'string', default: '10' },
@@ -47,10 +46,10 @@ const SECONDS = integerFlag(flags, 'seconds', 1);
 const CONCURRENCY = integerFlag(flags, 'concurrency', 1);
 const CALLER = flags.traceparent;
 if (!['unsampled', 'sampled', 'none'].includes(CALLER))
-  throw new Error('--traceparent must be unsampled, sampled or none');
+  refuse('--traceparent must be unsampled, sampled or none');
 const RATIO = flags['rollout-sample-ratio'];
 if (RATIO !== undefined && !(Number(RATIO) >= 0 && Number(RATIO) <= 1))
-  throw new Error('--rollout-sample-ratio must be a number from 0 to 1');
+  refuse('--rollout-sample-ratio must be a number from 0 to 1');
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/tracing-route.json'));
 const SERVER = join(repo, 'bench/lib/route-server.mjs');

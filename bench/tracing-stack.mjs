@@ -25,16 +25,16 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { loadavg, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseArgs } from 'node:util';
 
 import { freePort, launchStack } from '@ckpt-gym/coordinator-cli';
 import { createHttpClients } from '@ckpt-gym/core/client';
 
+import { benchFlags, integerFlag, refuse } from './lib/flags.mjs';
 import { otlpSink } from './lib/otlp-sink.mjs';
 import { writeResult } from './lib/results.mjs';
 import { difference, episodeBody, nativeStackYaml, serverCpuMs } from './lib/stack.mjs';
 
-const { values: flags } = parseArgs({
+const flags = benchFlags(import.meta.url, {
   options: {
     blocks: { type: 'string', default: '8' },
     seconds: { type: 'string', default: '30' },
@@ -45,19 +45,13 @@ const { values: flags } = parseArgs({
     out: { type: 'string' },
   },
 });
-const number = (name, least) => {
-  const value = Number(flags[name]);
-  if (!Number.isSafeInteger(value) || value < least)
-    throw new Error(`--${name} must be ≥ ${least}`);
-  return value;
-};
-const BLOCKS = number('blocks', 2);
-const SECONDS = number('seconds', 1);
-const WARMUP = number('warmup', 0);
-const CONCURRENCY = number('concurrency', 1);
+const BLOCKS = integerFlag(flags, 'blocks', 2);
+const SECONDS = integerFlag(flags, 'seconds', 1);
+const WARMUP = integerFlag(flags, 'warmup', 0);
+const CONCURRENCY = integerFlag(flags, 'concurrency', 1);
 const SAMPLED = flags['rollout-sample-ratio'];
 if (SAMPLED !== undefined && SAMPLED !== 'all' && !(Number(SAMPLED) >= 0 && Number(SAMPLED) <= 1))
-  throw new Error('--rollout-sample-ratio must be a number from 0 to 1, or all');
+  refuse('--rollout-sample-ratio must be a number from 0 to 1, or all');
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const OUT = resolve(flags.out ?? join(repo, 'bench/results/tracing-stack.json'));
 
