@@ -116,6 +116,20 @@ function relayRoute(downstream: string): GymRoute {
   });
 }
 
+/**
+ * Serves an echo and a relay to it, then posts `/run` for episode `key` to the relay (with
+ * `headers`); resolves to the trace context the relay's call carried.
+ */
+async function relayedRun(
+  key: string,
+  headers: Record<string, string> = {},
+): Promise<{ traceparent: string | null }> {
+  const upstream = await serve([relayRoute(await serve([echoRoute()]))]);
+  return clients.data
+    .post(`${upstream}/ng-rollout/${key}/run`, { json: {}, headers })
+    .json<{ traceparent: string | null }>();
+}
+
 describe('data-plane spans', () => {
   it('a route’s span names its template, status and capture key', async () => {
     const url = await serve([echoRoute()]);
@@ -145,11 +159,7 @@ describe('data-plane spans', () => {
   });
 
   it('a call a route makes upstream carries its trace context: the downstream span is its child', async () => {
-    const downstream = await serve([echoRoute()]);
-    const upstream = await serve([relayRoute(downstream)]);
-    const reply = await clients.data
-      .post(`${upstream}/ng-rollout/r-2/run`, { json: {} })
-      .json<{ traceparent: string | null }>();
+    const reply = await relayedRun('r-2');
     await waitForSpans('POST /run', 1);
     await waitForSpans('POST /v1/echo', 1);
 
@@ -203,12 +213,8 @@ describe('data-plane spans', () => {
   });
 
   it('a caller’s unsampled traceparent records no span and is passed on unsampled (parent-based sampling)', async () => {
-    const downstream = await serve([echoRoute()]);
-    const upstream = await serve([relayRoute(downstream)]);
     const caller = `00-${'ab'.repeat(16)}-${'cd'.repeat(8)}-00`;
-    const reply = await clients.data
-      .post(`${upstream}/ng-rollout/r-3/run`, { json: {}, headers: { traceparent: caller } })
-      .json<{ traceparent: string | null }>();
+    const reply = await relayedRun('r-3', { traceparent: caller });
     expect(reply.traceparent).toMatch(new RegExp(`^00-${'ab'.repeat(16)}-[0-9a-f]{16}-00$`));
     await inSpan('after', {}, async () => {});
     await waitForSpans('after', 1);
@@ -274,11 +280,7 @@ describe('rollouts sampled at a ratio (the stack file’s rollout_sample_ratio)'
     sampleRolloutsAt(0);
 
     it('a request that begins a trace records no span; its calls carry that trace on, unsampled', async () => {
-      const downstream = await serve([echoRoute()]);
-      const upstream = await serve([relayRoute(downstream)]);
-      const reply = await clients.data
-        .post(`${upstream}/ng-rollout/r-4/run`, { json: {} })
-        .json<{ traceparent: string | null }>();
+      const reply = await relayedRun('r-4');
       expect(reply.traceparent).toMatch(/^00-[0-9a-f]{32}-[0-9a-f]{16}-00$/);
       await inSpan('after', {}, async () => {});
       await new Promise((resolve) => setTimeout(resolve, SPAN_BATCH_DELAY_MS * 2));
@@ -288,11 +290,7 @@ describe('rollouts sampled at a ratio (the stack file’s rollout_sample_ratio)'
     });
 
     it('a caller’s sampled trace is followed: its requests are recorded, as a checkpoint’s are', async () => {
-      const downstream = await serve([echoRoute()]);
-      const upstream = await serve([relayRoute(downstream)]);
-      await inSpan('checkpoint', {}, () =>
-        clients.data.post(`${upstream}/ng-rollout/r-5/run`, { json: {} }),
-      );
+      await inSpan('checkpoint', {}, () => relayedRun('r-5'));
       await waitForSpans('POST /v1/echo', 1);
       expect(parentOf(one('POST /v1/echo'))).toBe(one('POST /run'));
       expect(parentOf(one('POST /run'))).toBe(one('checkpoint'));
@@ -307,9 +305,7 @@ describe('rollouts sampled at a ratio (the stack file’s rollout_sample_ratio)'
     });
 
     it('every request that begins a trace records its span, and its calls’ spans under it', async () => {
-      const downstream = await serve([echoRoute()]);
-      const upstream = await serve([relayRoute(downstream)]);
-      await clients.data.post(`${upstream}/ng-rollout/r-6/run`, { json: {} });
+      await relayedRun('r-6');
       await waitForSpans('POST /v1/echo', 1);
       expect(parentOf(one('POST /v1/echo'))).toBe(one('POST /run'));
     });
