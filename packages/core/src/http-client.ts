@@ -335,6 +335,7 @@ function upstreamPost(http: Got): Got {
 function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknown {
   const onTheWay =
     err instanceof RequestError && !(err instanceof HTTPError) && err.name !== 'AbortError';
+  if (signal.aborted) logTimedOutCall(url, err, signal);
   if (signal.aborted || !onTheWay) return err;
   const target = withoutSecrets(url);
   const scope = currentRequestScope();
@@ -344,6 +345,44 @@ function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknow
     error: err.code || err.message,
   });
   return new UpstreamError(`${target}: ${err.code || err.message}`, { cause: err });
+}
+
+/**
+ * Where a call's time went, in ms from its start (got's timings): when it had a socket, was
+ * connected, had sent its request and had the reply's head; null where it never got that far.
+ */
+interface CallMilestones {
+  readonly socket_ms: number | null;
+  readonly connected_ms: number | null;
+  readonly sent_ms: number | null;
+  readonly reply_ms: number | null;
+}
+
+function callMilestones(err: unknown): CallMilestones {
+  const timings = err instanceof RequestError ? err.timings : undefined;
+  const since = (at: number | undefined) =>
+    timings === undefined || at === undefined ? null : at - timings.start;
+  return {
+    socket_ms: since(timings?.socket),
+    connected_ms: since(timings?.connect),
+    sent_ms: since(timings?.upload),
+    reply_ms: since(timings?.response),
+  };
+}
+
+/**
+ * Logs a call that its timeout stopped (`signal`'s reason a `TimeoutError`; a caller going away is
+ * not logged) with its target and where its time went: no socket, a connection slow to open, or a
+ * peer slow to answer.
+ */
+export function logTimedOutCall(url: string, err: unknown, signal: AbortSignal): void {
+  if ((signal.reason as Error | undefined)?.name !== 'TimeoutError') return;
+  const scope = currentRequestScope();
+  scope?.logger.warn('upstream call timed out', {
+    target: withoutSecrets(url),
+    request_id: scope.id,
+    ...callMilestones(err),
+  });
 }
 
 /** A URL fit for a log line or an error detail: no credentials, no query (where keys travel). */

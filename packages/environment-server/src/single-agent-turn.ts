@@ -12,7 +12,7 @@
  */
 import { randomUUID } from 'node:crypto';
 
-import { postUpstream } from '@ckpt-gym/core/client';
+import { logTimedOutCall, postUpstream } from '@ckpt-gym/core/client';
 import {
   activationHeader,
   type AgentCloseRequest,
@@ -284,10 +284,14 @@ export class SingleAgentTurn implements EnvironmentProtocol {
     };
     const cookie = cookieHeader(opts.cookies ?? {});
     if (cookie !== undefined) headers.cookie = cookie;
-    const response = await this.episodePost(withRolloutPrefix(base, key, path), {
+    const url = withRolloutPrefix(base, key, path);
+    const response = await this.episodePost(url, {
       body: encodeJson(body),
       headers,
       signal: opts.signal,
+    }).catch((err: unknown) => {
+      logTimedOutCall(url, err, opts.signal);
+      throw err;
     });
     let parsed: JsonValue;
     try {

@@ -1,3 +1,6 @@
+import { Writable } from 'node:stream';
+
+import { createLogger } from '@ckpt-gym/core/server';
 import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
@@ -229,6 +232,32 @@ describe('single_agent_turn failures', () => {
     });
     expect(x.resources.count('/verify')).toBe(0);
     expect(x.resources.count('/close_session')).toBe(1);
+  });
+
+  it('logs an agent close its cleanup timeout stopped with the close’s target and where its time went', async () => {
+    const lines: Record<string, unknown>[] = [];
+    const stream = new Writable({
+      write(chunk: Buffer, _encoding, done) {
+        for (const line of chunk.toString('utf8').split('\n').filter(Boolean)) {
+          lines.push(JSON.parse(line) as Record<string, unknown>);
+        }
+        done();
+      },
+    });
+    const logger = createLogger({ server: 'env', kind: 'environment', level: 'warn', stream });
+    await using x = await start({ cleanupTimeoutSeconds: 0.3, logger });
+    x.agent.on('/v1/agent_sessions/close', { gate: new Gate() });
+    const reply = await x.run(runBody('r1'));
+    expect(reply.body.failure).toMatchObject({
+      stage: 'cleanup',
+      failure_reason: expect.stringContaining('TimeoutError'),
+    });
+    expect(lines.find((l) => l.message === 'upstream call timed out')).toMatchObject({
+      level: 'warn',
+      target: `${x.agent.url}/ng-rollout/r1/v1/agent_sessions/close`,
+      sent_ms: expect.any(Number),
+      reply_ms: null,
+    });
   });
 
   it('fails verification with stage verification and the partial response', async () => {

@@ -42,6 +42,7 @@ export {
   getControl,
   type HttpClientLimits,
   type HttpClients,
+  logTimedOutCall,
   pooledHttpAgent,
   pooledHttpsAgent,
   postUpstream,

@@ -63,10 +63,36 @@ async function gym(level = 'info') {
         return JSON.parse(reply.body) as unknown;
       },
     }),
+    gymRoute({
+      method: 'post',
+      path: '/call-briefly',
+      episode: 'none',
+      body: { limit: '1kb', parse: (body) => body as { target: string; ms: number } },
+      run: async ({ body, signal }) => {
+        const brief = AbortSignal.any([signal, AbortSignal.timeout(body.ms)]);
+        try {
+          await postUpstream(clients.data, body.target, { json: {}, signal: brief });
+          return { timedOut: false };
+        } catch {
+          return { timedOut: brief.aborted };
+        }
+      },
+    }),
   ]);
   const server: ListeningServer = await listen(app.finish(), 0);
   closers.push(() => server.close());
   return { url: server.url, lines };
+}
+
+/** A server that reads each request and never answers it. */
+async function silentServer(): Promise<string> {
+  const server: Server = createServer((req) => req.resume());
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  closers.push(async () => {
+    server.closeAllConnections();
+    await new Promise((resolve) => server.close(resolve));
+  });
+  return `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 }
 
 function call(url: string, target: string, headers: Record<string, string> = {}) {
@@ -178,6 +204,48 @@ describe.each(['off', 'on'])('tracing %s', (tracing) => {
   });
 
   describe('upstream failures', () => {
+    test('a call whose caller went away is not logged as timed out', async () => {
+      const target = await silentServer();
+      const { url, lines } = await gym('debug');
+      const gone = fetch(`${url}/call-briefly`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ target, ms: 60_000 }),
+        signal: AbortSignal.timeout(300),
+      });
+      await expect(gone).rejects.toThrow();
+      const deadline = Date.now() + 30_000;
+      while (!lines.some((l) => l.message === 'request') && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 10));
+      }
+      expect(lines.find((l) => l.message === 'request')).toMatchObject({ route: '/call-briefly' });
+      expect(lines.filter((l) => l.message === 'upstream call timed out')).toEqual([]);
+    });
+
+    test('a call its timeout stopped is logged with its target and where its time went', async () => {
+      const target = await silentServer();
+      const { url, lines } = await gym();
+      const reply = await fetch(`${url}/call-briefly`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-request-id': 'slow-peer' },
+        body: JSON.stringify({ target: `${target}/v1/close`, ms: 300 }),
+      });
+      expect(await reply.json()).toEqual({ timedOut: true });
+      const logged = lines.find((l) => l.message === 'upstream call timed out');
+      expect(logged).toEqual({
+        level: 'warn',
+        message: 'upstream call timed out',
+        timestamp: expect.any(String),
+        target: `${target}/v1/close`,
+        request_id: 'slow-peer',
+        socket_ms: expect.any(Number),
+        connected_ms: expect.any(Number),
+        sent_ms: expect.any(Number),
+        reply_ms: null,
+      });
+      expect(logged!.sent_ms as number).toBeLessThan(300);
+    });
+
     test('are logged with their target, without the credentials or query of its URL', async () => {
       const gone = await echoServer();
       const port = new URL(gone.url).port;

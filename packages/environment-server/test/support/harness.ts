@@ -8,7 +8,7 @@ import { join } from 'node:path';
 
 import { createHttpClients, type HttpClients } from '@ckpt-gym/core/client';
 import { decodeJson } from '@ckpt-gym/core/protocol';
-import { listen, type ListeningServer } from '@ckpt-gym/core/server';
+import { listen, type ListeningServer, type Logger } from '@ckpt-gym/core/server';
 import {
   closeNow,
   type ControlClient,
@@ -44,6 +44,8 @@ export interface HarnessOptions {
   protocol?: EnvironmentProtocol;
   /** The checkpoint directory, owned by the caller (default: a temp dir the harness removes). */
   dir?: string;
+  /** The server's logger (default: the server's own). */
+  logger?: Logger;
 }
 
 export type Reply = ControlReply;
@@ -104,6 +106,7 @@ export class Harness implements AsyncDisposable {
       episodeDeadlineSeconds: this.options.episodeDeadlineSeconds ?? null,
       cleanupTimeoutSeconds: this.options.cleanupTimeoutSeconds ?? 10,
       ...(this.options.legacy ? { legacy: { defaultTaskset: 'weather' } } : {}),
+      ...(this.options.logger ? { logger: this.options.logger } : {}),
     });
     this.listening = await listen(this.env.app, 0);
     this.controller = controlClient(this.listening.url, TOKEN);
