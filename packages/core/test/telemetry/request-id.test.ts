@@ -243,7 +243,6 @@ describe.each(['off', 'on'])('tracing %s', (tracing) => {
         sent_ms: expect.any(Number),
         reply_ms: null,
       });
-      expect(logged!.sent_ms as number).toBeLessThan(300);
     });
 
     test('are logged with their target, without the credentials or query of its URL', async () => {
