@@ -48,7 +48,7 @@ export function accessLine(req: Request, res: Response, requestId: string, ms: n
  * The access logger, when `logger` writes ACCESS_LOG_LEVEL (winston's `isLevelEnabled`; a logger
  * that cannot say, like a test's, writes no access lines): by default a request builds no line.
  */
-function accessLogger(logger: Logger): Logger | undefined {
+export function accessLogger(logger: Logger): Logger | undefined {
   const enabled = (logger as { isLevelEnabled?: (level: string) => boolean }).isLevelEnabled;
   return enabled?.call(logger, ACCESS_LOG_LEVEL) === true ? logger : undefined;
 }

@@ -28,6 +28,8 @@ import { type CkptGymError, OverloadedError, UpstreamError } from '../errors.js'
 import type { JsonObject } from '../json.js';
 import type { Logger } from '../logging.js';
 import { keepIdleConnections } from '../server.js';
+import { accessLogger } from '../telemetry/http.js';
+import { REQUEST_ID_HEADER } from '../telemetry/request-id.js';
 import {
   isRoutingId,
   type RoutingTables,
@@ -65,6 +67,28 @@ const GONE = new Set(['ENOENT', 'ECONNREFUSED']);
 const FORWARD_BACKLOG = 65_535;
 /** Connects tried while the owner's backlog is full, 5 ms apart and doubling up to 200 ms. */
 const FORWARD_CONNECT_TRIES = 12;
+
+/**
+ * Where a forward's time went, in ms from when this worker read the request: when it had a socket
+ * to the owner, was connected, had sent the request, and had the owner's reply head; null where
+ * it never got that far. `tries`: connects made (more than one when the owner's backlog was full).
+ */
+interface ForwardTimes {
+  socket_ms: number | null;
+  connected_ms: number | null;
+  sent_ms: number | null;
+  reply_ms: number | null;
+  tries: number;
+}
+
+/** A request's path without its query, for log lines. */
+function pathOf(req: IncomingMessage): string {
+  return (req.url ?? '').split('?', 1)[0]!;
+}
+
+function msSince(start: number): number {
+  return Math.round((performance.now() - start) * 1000) / 1000;
+}
 
 export function workerSocketPath(socketDir: string, routingId: string): string {
   return join(socketDir, `${routingId}.sock`);
@@ -106,6 +130,7 @@ export class SessionRouter {
   /** One keep-alive pool per owner's socket, for the life of this worker. */
   readonly #agents = new Map<string, Agent>();
   #server: Server | undefined;
+  readonly #access: Logger | undefined;
 
   constructor(options: SessionRouterOptions) {
     if (!isRoutingId(options.routingId)) {
@@ -113,6 +138,7 @@ export class SessionRouter {
     }
     this.routingId = options.routingId;
     this.#options = options;
+    this.#access = accessLogger(options.logger);
   }
 
   /** The tables `sessionTarget` resolves by. */
@@ -201,23 +227,41 @@ export class SessionRouter {
   /**
    * Streams the request to the owner's socket and its reply back. The body is read only once the
    * owner's socket is connected, so an owner found gone leaves it unread and the request is
-   * served here, as a new session would be.
+   * served here, as a new session would be. Ends with a forward line (ACCESS_LOG_LEVEL) giving
+   * where its time went, since the owner's access line starts only when its app sees the request.
    */
   #forward(owner: string, req: IncomingMessage, res: ServerResponse, next: NextFunction): void {
+    const start = performance.now();
+    const times: ForwardTimes = {
+      socket_ms: null,
+      connected_ms: null,
+      sent_ms: null,
+      reply_ms: null,
+      tries: 0,
+    };
     let out: ClientRequest | undefined;
-    // The caller went away: so does the forwarded request.
+    let servedHere = false;
     res.once('close', () => {
+      // The caller went away: so does the forwarded request.
       if (!res.writableFinished) out?.destroy();
+      if (!servedHere) this.#forwardLine(owner, req, res, times, start);
     });
     const attempt = (tries: number): void => {
-      out = this.#request(owner, req, res, next, (err) => {
+      times.tries = tries + 1;
+      out = this.#request(owner, req, res, times, start, {
         // EAGAIN: the owner's listen backlog is full (a burst of connections, thousands of
         // replacements at once). Nothing was sent yet, so connecting again is safe.
-        if (err.code === 'EAGAIN' && tries < FORWARD_CONNECT_TRIES && !res.destroyed) {
-          setTimeout(() => attempt(tries + 1), Math.min(5 * 2 ** tries, 200));
-          return true;
-        }
-        return false;
+        retry: (err) => {
+          if (err.code === 'EAGAIN' && tries < FORWARD_CONNECT_TRIES && !res.destroyed) {
+            setTimeout(() => attempt(tries + 1), Math.min(5 * 2 ** tries, 200));
+            return true;
+          }
+          return false;
+        },
+        serveHere: () => {
+          servedHere = true;
+          next();
+        },
       });
     };
     attempt(0);
@@ -228,8 +272,12 @@ export class SessionRouter {
     owner: string,
     req: IncomingMessage,
     res: ServerResponse,
-    next: NextFunction,
-    retry: (err: NodeJS.ErrnoException) => boolean,
+    times: ForwardTimes,
+    start: number,
+    on: {
+      readonly retry: (err: NodeJS.ErrnoException) => boolean;
+      readonly serveHere: () => void;
+    },
   ): ClientRequest {
     const out = httpRequest({
       socketPath: workerSocketPath(this.#options.socketDir, owner),
@@ -241,40 +289,77 @@ export class SessionRouter {
     let sent = false;
     const send = (): void => {
       sent = true;
+      times.connected_ms = msSince(start);
       req.pipe(out);
     };
     out.once('socket', (socket) => {
+      times.socket_ms = msSince(start);
       if (socket.connecting) socket.once('connect', send);
       else send();
     });
+    out.once('finish', () => {
+      times.sent_ms = msSince(start);
+    });
     out.once('response', (reply) => {
+      times.reply_ms = msSince(start);
       res.writeHead(reply.statusCode ?? 502, replyHeaders(reply));
       reply.pipe(res);
       reply.once('error', () => res.destroy());
     });
     out.once('error', (err: NodeJS.ErrnoException) => {
-      if (res.headersSent) {
+      if (res.headersSent || res.destroyed) {
+        // A reply cut short, or a caller gone (its close stopped this forward): nobody to answer.
         res.destroy();
       } else if (!sent && GONE.has(err.code ?? '')) {
         this.#ownerGone(owner, err);
-        next();
-      } else if (!sent && retry(err)) {
+        on.serveHere();
+      } else if (!sent && on.retry(err)) {
         return;
-      } else if (err.code === 'EAGAIN') {
-        sendError(
-          res,
-          new OverloadedError(
-            `the worker that owns this session is overloaded; retry with backoff`,
-          ),
-        );
       } else {
+        this.#options.logger.warn(
+          'could not forward a request to the worker that owns its session',
+          {
+            owner,
+            method: req.method,
+            path: pathOf(req),
+            request_id: req.headers[REQUEST_ID_HEADER] ?? null,
+            error: err.code ?? err.message,
+            ...times,
+          },
+        );
         sendError(
           res,
-          new UpstreamError(`could not reach the worker that owns this session: ${err.message}`),
+          err.code === 'EAGAIN'
+            ? new OverloadedError(
+                `the worker that owns this session is overloaded; retry with backoff`,
+              )
+            : new UpstreamError(
+                `could not reach the worker that owns this session: ${err.message}`,
+              ),
         );
       }
     });
     return out;
+  }
+
+  /** The forward line of a forward that ended: `aborted` when the caller left before the reply. */
+  #forwardLine(
+    owner: string,
+    req: IncomingMessage,
+    res: ServerResponse,
+    times: ForwardTimes,
+    start: number,
+  ): void {
+    this.#access?.debug('forward', {
+      owner,
+      method: req.method,
+      path: pathOf(req),
+      status: res.statusCode,
+      ms: msSince(start),
+      request_id: req.headers[REQUEST_ID_HEADER] ?? null,
+      ...times,
+      ...(res.writableFinished ? {} : { aborted: true }),
+    });
   }
 
   #ownerGone(owner: string, err: NodeJS.ErrnoException): void {

@@ -6,9 +6,10 @@ import { type AddressInfo, connect } from 'node:net';
 
 import express, { type Express } from 'express';
 
-import { createLogger } from '../../src/logging.js';
+import { createLogger, type Logger } from '../../src/logging.js';
 import { newRoutingId, ownedName, parseOwnedName } from '../../src/workers/session-owners.js';
 import { SessionRouter, workerSocketPath } from '../../src/workers/session-router.js';
+import { captureLogLines } from '../support/log-lines.js';
 
 const logger = createLogger({ server: 'router-test', kind: 'resources', level: 'error' });
 const SESSION_HEADER = 'x-test-session';
@@ -21,6 +22,7 @@ interface Worker {
 }
 
 let dir = '';
+let held = 0;
 const workers: Worker[] = [];
 
 beforeEach(() => {
@@ -38,7 +40,7 @@ afterEach(async () => {
 });
 
 /** A worker whose app answers which worker served, the body it read, and an event stream. */
-async function worker(): Promise<Worker> {
+async function worker(log: Logger = logger): Promise<Worker> {
   const id = newRoutingId();
   const router = new SessionRouter({
     routingId: id,
@@ -47,13 +49,19 @@ async function worker(): Promise<Worker> {
       const name = req.headers[SESSION_HEADER] as string | undefined;
       return name === undefined ? undefined : parseOwnedName(name);
     },
-    logger,
+    logger: log,
   });
   const app: Express = express();
   app.use(router.middleware());
   app.post('/echo', express.text({ type: '*/*', limit: '4mb' }), (req, res) => {
     res.setHeader('set-cookie', ['a=1', 'b=2']);
     res.status(201).json({ served_by: id, body: req.body as string });
+  });
+  // Drops the connection once the request has reached the app: no reply ever comes.
+  app.post('/drop', (req) => req.socket.destroy());
+  // Never replies; counts arrivals so a test knows the request got here.
+  app.post('/hold', () => {
+    held += 1;
   });
   app.get('/events', (_req, res) => {
     res.writeHead(200, { 'content-type': 'text/event-stream' });
@@ -70,12 +78,12 @@ async function worker(): Promise<Worker> {
   return w;
 }
 
-function post(w: Worker, session: string | undefined, body: string) {
+function post(w: Worker, session: string | undefined, body: string, path = '/echo') {
   return new Promise<{ status: number; json: Record<string, unknown>; cookies: string[] }>(
     (resolve, reject) => {
       const headers: Record<string, string> = { 'content-type': 'text/plain' };
       if (session !== undefined) headers[SESSION_HEADER] = session;
-      const req = request({ port: w.port, method: 'POST', path: '/echo', headers }, (res) => {
+      const req = request({ port: w.port, method: 'POST', path, headers }, (res) => {
         let text = '';
         res.setEncoding('utf8');
         res.on('data', (c: string) => (text += c));
@@ -174,5 +182,79 @@ describe('SessionRouter', () => {
     const reply = await post(a, ownedName({ id: 's1', owner: b.id }), 'kept');
     expect(reply.json).toEqual({ served_by: a.id, body: 'kept' });
     expect(a.router.tables.gone.has(b.id)).toBe(true);
+  });
+
+  it('a forward the owner drops after it was sent is answered 502 and logged at warn with where its time went', async () => {
+    const { logger: log, lines } = captureLogLines({ level: 'info' });
+    const [a, b] = [await worker(log), await worker()];
+    const reply = await post(a, ownedName({ id: 's1', owner: b.id }), 'lost', '/drop?key=k');
+    expect(reply.status).toBe(502);
+    expect(reply.json.error).toMatchObject({ code: 'upstream_error' });
+    const warned = lines.filter((l) => l.level === 'warn');
+    expect(warned).toEqual([
+      expect.objectContaining({
+        message: 'could not forward a request to the worker that owns its session',
+        owner: b.id,
+        method: 'POST',
+        path: '/drop',
+        error: 'ECONNRESET',
+        socket_ms: expect.any(Number),
+        connected_ms: expect.any(Number),
+        sent_ms: expect.any(Number),
+        reply_ms: null,
+        tries: 1,
+      }),
+    ]);
+  });
+
+  it('every forward ends with a forward line at the access level giving where its time went', async () => {
+    const { logger: log, lines } = captureLogLines({ level: 'debug' });
+    const [a, b] = [await worker(log), await worker()];
+    await post(a, ownedName({ id: 's1', owner: b.id }), 'timed');
+    await post(a, ownedName({ id: 's2', owner: a.id }), 'served here');
+    // The line is written as the reply closes, which may be just after the caller read it.
+    await new Promise((resolve) => setImmediate(resolve));
+    const forwards = lines.filter((l) => l.message === 'forward');
+    expect(forwards).toEqual([
+      expect.objectContaining({
+        owner: b.id,
+        method: 'POST',
+        path: '/echo',
+        status: 201,
+        ms: expect.any(Number),
+        socket_ms: expect.any(Number),
+        connected_ms: expect.any(Number),
+        sent_ms: expect.any(Number),
+        reply_ms: expect.any(Number),
+        tries: 1,
+      }),
+    ]);
+    expect(forwards[0]).not.toHaveProperty('aborted');
+  });
+
+  it('a forward whose caller went away is not logged as failed; its forward line says aborted', async () => {
+    const { logger: log, lines } = captureLogLines({ level: 'debug' });
+    const [a, b] = [await worker(log), await worker()];
+    const before = held;
+    const req = request({
+      port: a.port,
+      method: 'POST',
+      path: '/hold',
+      headers: { [SESSION_HEADER]: ownedName({ id: 's1', owner: b.id }) },
+    });
+    req.on('error', () => undefined);
+    req.end('waits');
+    while (held === before) await new Promise((resolve) => setTimeout(resolve, 5));
+    req.destroy();
+    while (!lines.some((l) => l.message === 'forward')) {
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    expect(lines.filter((l) => l.level === 'warn')).toEqual([]);
+    expect(lines.find((l) => l.message === 'forward')).toMatchObject({
+      owner: b.id,
+      path: '/hold',
+      reply_ms: null,
+      aborted: true,
+    });
   });
 });
