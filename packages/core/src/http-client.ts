@@ -332,11 +332,15 @@ function upstreamPost(http: Got): Got {
   return post;
 }
 
+/** The error a failed `postUpstream` throws: ours stopped it (an abort), or it failed on the way. */
 function upstreamFailure(url: string, err: unknown, signal: AbortSignal): unknown {
+  if (signal.aborted) {
+    logTimedOutCall(url, err, signal);
+    return err;
+  }
   const onTheWay =
     err instanceof RequestError && !(err instanceof HTTPError) && err.name !== 'AbortError';
-  if (signal.aborted) logTimedOutCall(url, err, signal);
-  if (signal.aborted || !onTheWay) return err;
+  if (!onTheWay) return err;
   const target = withoutSecrets(url);
   const scope = currentRequestScope();
   scope?.logger.warn('upstream call failed', {
