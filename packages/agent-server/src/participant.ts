@@ -468,9 +468,10 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.sessionsByRollout.delete(s.episode.rollout_id, s);
     this.blocking.delete(s);
     this.encodeAhead.delete(s);
-    this.unused.delete(s);
+    const wasPending = this.unused.delete(s);
     this.restoredOwners.delete(s.key);
-    if (!this.gate.isOpen) this.notifyChange();
+    // A restored session that ends unused is no longer pending: a worker tells its coordinator.
+    if (wasPending || !this.gate.isOpen) this.notifyChange();
   }
 
   /**

@@ -10,15 +10,18 @@ import { join } from 'node:path';
 
 import { writeParticipantState } from '@ckpt-gym/core/server';
 import {
+  controlClient,
   ep,
   startStubModel,
   startStubToolResources,
   type StubModel,
   type StubToolResources,
+  until,
 } from '@ckpt-gym/testing';
 
 import {
   activate,
+  closeSession,
   commit,
   errorCode,
   post,
@@ -26,6 +29,7 @@ import {
   restore,
   resume,
   seed,
+  TOKEN,
 } from './support/harness.js';
 import { type AgentWorkers, startAgentWorkers } from './support/workers.js';
 
@@ -66,6 +70,12 @@ const RUN_BODY = {
     tools: [{ type: 'function', name: 'get_weather', parameters: {} }],
   },
 };
+
+/** The restored attempts the server's status lists as pending (its coordinator's view). */
+async function restoredPending(s: AgentWorkers): Promise<string[]> {
+  await using client = controlClient(s.workers[0]!.url, TOKEN);
+  return (await client.status()).restored_pending as string[];
+}
 
 /** A legacy `/run` of r1 on worker 1 checkpointed inside its turn loop, then a crash. */
 async function legacyRunCheckpointed(): Promise<void> {
@@ -158,6 +168,19 @@ describe('agent workers: native sessions', () => {
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([true, true]);
     expect(await commitAll(after, 'c2', ['r1'], 1)).toEqual(['r1-a1']);
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([false, true]);
+  });
+  test('a restored session closed before any request used it is no longer pending on the coordinator', async () => {
+    const before = await twoWorkers();
+    const s = await seed(via(before), 'sess-1', 'r1');
+    expect(await commitAll(before, 'c1', ['r1'])).toEqual(['r1']);
+    await before.close();
+    const after = await restored('c1', [ep('r1')]);
+    expect(await restoredPending(after)).toEqual(['r1-a1']);
+    // The replacement attempt closes the session without an activation (its episode had ended).
+    expect((await closeSession(via(after, 1), s, ep('r1', 1))).status).toBe(200);
+    expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([false, false]);
+    // The worker tells the coordinator in a message of its own: wait for it, bounded.
+    await until(async () => (await restoredPending(after)).length === 0, 'restored_pending empty');
   });
 });
 
