@@ -14,16 +14,17 @@
 //
 // `--profile-restore DIR` writes each process's CPU profile over the restore (`<pid>.cpuprofile`)
 // into DIR; `--profile-commit DIR` the same over the commit (with both, both go into the commit's
-// DIR: the restored processes are new ones, with pids of their own). `--policy-workers N` runs the
-// policy model as a primary and N workers (`num_workers: N`); `--agent-workers`, `--env-workers`
-// and `--resources-workers` the same for the other kinds. Each in-flight rollout holds about two
-// descriptors in the policy, agent and environment processes (a caller's socket and its own call
-// out): pick worker counts so no gym process holds more than 60 % of its descriptor limit (checked,
-// `fds_le_60_pct`). The targets are issue 18's up to 8,000 rollouts and issue 20's above. Prints
-// per-stage times and every process's descriptors and CPU (each worker beside the other
-// processes), and writes bench/results/scale.json (with N workers: scale-policy-workers-N.json;
-// or --out). `--commit-only` stops after the commit (no crash, restore or replacements): it prints
-// the commit's figures and writes nothing.
+// DIR: the restored processes are new ones, with pids of their own); `--profile-replacements DIR`
+// the same over the replacements (the profiles' pids are printed with their processes' names).
+// `--policy-workers N` runs the policy model as a primary and N workers (`num_workers: N`);
+// `--agent-workers`, `--env-workers` and `--resources-workers` the same for the other kinds. Each
+// in-flight rollout holds about two descriptors in the policy, agent and environment processes (a
+// caller's socket and its own call out): pick worker counts so no gym process holds more than 60 %
+// of its descriptor limit (checked, `fds_le_60_pct`). The targets are issue 18's up to 8,000
+// rollouts and issue 20's above. Prints per-stage times and every process's descriptors and CPU
+// (each worker beside the other processes), and writes bench/results/scale.json (with N workers:
+// scale-policy-workers-N.json; or --out). `--commit-only` stops after the commit (no crash, restore
+// or replacements): it prints the commit's figures and writes nothing.
 import { mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { cpus, tmpdir, totalmem } from 'node:os';
@@ -68,6 +69,7 @@ const flags = benchFlags(import.meta.url, {
     'resources-workers': { type: 'string', default: '1' },
     'profile-restore': { type: 'string' },
     'profile-commit': { type: 'string' },
+    'profile-replacements': { type: 'string' },
     'commit-only': { type: 'boolean', default: false },
   },
 });
@@ -318,8 +320,11 @@ async function main() {
   };
   const profiles = flags['profile-restore'] && resolve(flags['profile-restore']);
   const commitProfiles = flags['profile-commit'] && resolve(flags['profile-commit']);
-  for (const dir of [profiles, commitProfiles]) if (dir) mkdirSync(dir, { recursive: true });
-  const profileDir = commitProfiles ?? profiles;
+  const replacementProfiles =
+    flags['profile-replacements'] && resolve(flags['profile-replacements']);
+  for (const dir of [profiles, commitProfiles, replacementProfiles])
+    if (dir) mkdirSync(dir, { recursive: true });
+  const profileDir = commitProfiles ?? profiles ?? replacementProfiles;
   const env = profileDir ? { ...process.env, ...cpuProfileEnv(profileDir) } : undefined;
   const handle = await time('launch', () =>
     launchStack({ configPath: source, runDir, ...(env ? { env } : {}) }),
@@ -494,9 +499,15 @@ async function main() {
     });
     await time('resume', () => resume(fresh, 'scale-r1', seconds(DEADLINE_S)));
     const callsBefore = (await backend('/_ctl/call_count')).count;
+    // --profile-replacements: every process profiled while the replacements run.
+    const profiledInReplacements = replacementProfiles ? freshMembers : [];
+    toggleProfilesOf(profiledInReplacements);
     const replies = await time('replacements', () =>
       Promise.all(exported.map((key) => run(parseCaptureKey(key).rollout_id, 1))),
     );
+    toggleProfilesOf(profiledInReplacements);
+    for (const member of profiledInReplacements)
+      console.error(`profile ${member.pid}.cpuprofile: ${processLabel(member)}`);
     const callsAfter = (await backend('/_ctl/call_count')).count;
     const failures = new Map();
     let continued = 0;

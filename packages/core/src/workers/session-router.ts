@@ -81,13 +81,28 @@ interface ForwardTimes {
   tries: number;
 }
 
-/** A request's path without its query, for log lines. */
-function pathOf(req: IncomingMessage): string {
-  return (req.url ?? '').split('?', 1)[0]!;
+/** One forward: its owner, its request, when this worker read it, and where its time went. */
+interface Forward {
+  readonly owner: string;
+  readonly req: IncomingMessage;
+  readonly start: number;
+  readonly times: ForwardTimes;
 }
 
-function msSince(start: number): number {
-  return Math.round((performance.now() - start) * 1000) / 1000;
+/** Ms since the forward started, for its milestones and its total. */
+function elapsedMs(forward: Forward): number {
+  return Math.round((performance.now() - forward.start) * 1000) / 1000;
+}
+
+/** The fields a forward's log lines share (its path without the query). */
+function forwardMeta({ owner, req, times }: Forward): Record<string, unknown> {
+  return {
+    owner,
+    method: req.method,
+    path: (req.url ?? '').split('?', 1)[0]!,
+    request_id: req.headers[REQUEST_ID_HEADER] ?? null,
+    ...times,
+  };
 }
 
 export function workerSocketPath(socketDir: string, routingId: string): string {
@@ -231,24 +246,22 @@ export class SessionRouter {
    * where its time went, since the owner's access line starts only when its app sees the request.
    */
   #forward(owner: string, req: IncomingMessage, res: ServerResponse, next: NextFunction): void {
-    const start = performance.now();
-    const times: ForwardTimes = {
-      socket_ms: null,
-      connected_ms: null,
-      sent_ms: null,
-      reply_ms: null,
-      tries: 0,
+    const forward: Forward = {
+      owner,
+      req,
+      start: performance.now(),
+      times: { socket_ms: null, connected_ms: null, sent_ms: null, reply_ms: null, tries: 0 },
     };
     let out: ClientRequest | undefined;
     let servedHere = false;
     res.once('close', () => {
       // The caller went away: so does the forwarded request.
       if (!res.writableFinished) out?.destroy();
-      if (!servedHere) this.#forwardLine(owner, req, res, times, start);
+      if (!servedHere) this.#forwardLine(forward, res);
     });
     const attempt = (tries: number): void => {
-      times.tries = tries + 1;
-      out = this.#request(owner, req, res, times, start, {
+      forward.times.tries = tries + 1;
+      out = this.#request(forward, res, {
         // EAGAIN: the owner's listen backlog is full (a burst of connections, thousands of
         // replacements at once). Nothing was sent yet, so connecting again is safe.
         retry: (err) => {
@@ -269,16 +282,14 @@ export class SessionRouter {
 
   /** One try at the owner's socket; `retry` may take a failed connect before anything was sent. */
   #request(
-    owner: string,
-    req: IncomingMessage,
+    forward: Forward,
     res: ServerResponse,
-    times: ForwardTimes,
-    start: number,
     on: {
       readonly retry: (err: NodeJS.ErrnoException) => boolean;
       readonly serveHere: () => void;
     },
   ): ClientRequest {
+    const { owner, req, times } = forward;
     const out = httpRequest({
       socketPath: workerSocketPath(this.#options.socketDir, owner),
       agent: this.#agent(owner),
@@ -289,19 +300,19 @@ export class SessionRouter {
     let sent = false;
     const send = (): void => {
       sent = true;
-      times.connected_ms = msSince(start);
+      times.connected_ms = elapsedMs(forward);
       req.pipe(out);
     };
     out.once('socket', (socket) => {
-      times.socket_ms = msSince(start);
+      times.socket_ms = elapsedMs(forward);
       if (socket.connecting) socket.once('connect', send);
       else send();
     });
     out.once('finish', () => {
-      times.sent_ms = msSince(start);
+      times.sent_ms = elapsedMs(forward);
     });
     out.once('response', (reply) => {
-      times.reply_ms = msSince(start);
+      times.reply_ms = elapsedMs(forward);
       res.writeHead(reply.statusCode ?? 502, replyHeaders(reply));
       reply.pipe(res);
       reply.once('error', () => res.destroy());
@@ -318,14 +329,7 @@ export class SessionRouter {
       } else {
         this.#options.logger.warn(
           'could not forward a request to the worker that owns its session',
-          {
-            owner,
-            method: req.method,
-            path: pathOf(req),
-            request_id: req.headers[REQUEST_ID_HEADER] ?? null,
-            error: err.code ?? err.message,
-            ...times,
-          },
+          { ...forwardMeta(forward), error: err.code ?? err.message },
         );
         sendError(
           res,
@@ -343,21 +347,11 @@ export class SessionRouter {
   }
 
   /** The forward line of a forward that ended: `aborted` when the caller left before the reply. */
-  #forwardLine(
-    owner: string,
-    req: IncomingMessage,
-    res: ServerResponse,
-    times: ForwardTimes,
-    start: number,
-  ): void {
+  #forwardLine(forward: Forward, res: ServerResponse): void {
     this.#access?.debug('forward', {
-      owner,
-      method: req.method,
-      path: pathOf(req),
+      ...forwardMeta(forward),
       status: res.statusCode,
-      ms: msSince(start),
-      request_id: req.headers[REQUEST_ID_HEADER] ?? null,
-      ...times,
+      ms: elapsedMs(forward),
       ...(res.writableFinished ? {} : { aborted: true }),
     });
   }
