@@ -335,8 +335,9 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   /** Restored legacy protocol boundaries, until their `/run` claims them. */
   private readonly legacyRestored = new Map<string, Boundary | null>();
   private carried: ReadonlySet<string> = new Set();
-  /** Restored sessions no request used yet and not retired: `restoredPending`, counted cheaply. */
+  /** Restored sessions no request used yet and not retired: `restoredPending`. */
   private readonly unused = new Set<Session>();
+  private readonly restoredLeftListeners = new Set<(key: string) => void>();
   /** The owner each restored native session's cookie names (none: checkpointed by one process). */
   private readonly restoredOwners = new Map<string, string | undefined>();
   private readonly owner: string | undefined;
@@ -468,10 +469,24 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     this.sessionsByRollout.delete(s.episode.rollout_id, s);
     this.blocking.delete(s);
     this.encodeAhead.delete(s);
-    const wasPending = this.unused.delete(s);
+    this.dropUnused(s);
     this.restoredOwners.delete(s.key);
-    // A restored session that ends unused is no longer pending: a worker tells its coordinator.
-    if (wasPending || !this.gate.isOpen) this.notifyChange();
+    if (!this.gate.isOpen) this.notifyChange();
+  }
+
+  /**
+   * Takes `s` out of the unused restored sessions (used, closed, freed or retired): its attempt
+   * (one session per episode, as a checkpoint holds one record per episode) is no longer pending.
+   */
+  private dropUnused(s: Session): void {
+    if (!this.unused.delete(s)) return;
+    const key = captureKey(s.episode);
+    for (const listener of this.restoredLeftListeners) listener(key);
+  }
+
+  /** Calls `listener` with each restored attempt's key as it stops being pending here. */
+  onRestoredLeft(listener: (key: string) => void): void {
+    this.restoredLeftListeners.add(listener);
   }
 
   /**
@@ -523,10 +538,10 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (s) this.used(s);
   }
 
-  /** A request used the restored session: it is no longer pending (told once, to the listeners). */
+  /** A request used the restored session: it is no longer pending. */
   private used(s: Session): void {
     s.restoredPending = false;
-    if (this.unused.delete(s)) this.notifyChange();
+    this.dropUnused(s);
   }
 
   runningActivation(key: string): { index: number | null; done: Promise<void> } | null {
@@ -922,11 +937,6 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     return [...this.unused].map((s) => s.episode);
   }
 
-  /** How many episodes `restoredPending` lists, without listing them. */
-  get restoredPendingCount(): number {
-    return this.unused.size;
-  }
-
   /** The native sessions held here, each marked when it is a restored copy no request used yet. */
   sessionCopies(): { id: string; unused: boolean }[] {
     const copies: { id: string; unused: boolean }[] = [];
@@ -973,7 +983,7 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       this.update(s, () => {
         s.retired = true;
       });
-      this.unused.delete(s);
+      this.dropUnused(s);
       s.activation?.cancel(new StaleAttemptError(`attempt ${captureKey(s.episode)} was retired`));
       await s.activation?.done;
       if (s.legacy) await this.steps.retire(s.key);

@@ -92,7 +92,7 @@ export class RestartOnlyParticipant extends BaseParticipant {
   }
 
   // What a worker of a server with several workers asks of its participant: nothing is restored.
-  readonly restoredPendingCount = 0;
+  onRestoredLeft(): void {}
 
   sessionCopies(): { id: string; unused: boolean }[] {
     return [];

@@ -432,6 +432,17 @@ describe('agent participant: activations under checkpointing', () => {
     expect((await closeSession(next, s)).status).toBe(200);
   });
 
+  test('a restored attempt stops being pending at its first use, told to the listeners once', async () => {
+    h = await startStack();
+    const { s, next } = await restoredAfterActivation();
+    const left: string[] = [];
+    next.agent.participant!.onRestoredLeft((key) => left.push(key));
+    expect(next.agent.participant!.restoredPending()).toEqual([ep('r1', 1)]);
+    expect((await activate(next, s, 'r1-a1', 2)).status).toBe(200);
+    expect((await activate(next, s, 'r1-a1', 3)).status).toBe(200);
+    expect([left, next.agent.participant!.restoredPending()]).toEqual([['r1-a1'], []]);
+  });
+
   test('a commit whose scope leaves out an unclaimed restored session frees it', async () => {
     h = await startStack();
     const { next } = await restoredAfterActivation();

@@ -185,7 +185,10 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
    * hold up prepare (a replayable `/verify` has none), tagged by role, by capture key.
    */
   readonly gate = new AdmissionGate();
-  readonly #sessions = new SessionTable();
+  readonly #sessions = new SessionTable((key) => {
+    for (const listener of this.#restoredLeftListeners) listener(key);
+  });
+  readonly #restoredLeftListeners = new Set<(key: string) => void>();
   #carried: ReadonlySet<string> = new Set();
   /** Session ids of retired attempts, by rollout, until forget: cookie-only requests are refused. */
   readonly #retiredIds = new Map<string, Set<string>>();
@@ -556,9 +559,9 @@ export class ResourcesParticipant extends BaseParticipant<ResourcesSessionRecord
     return this.#sessions.pendingEpisodes();
   }
 
-  /** How many episodes `restoredPending` lists, without listing them. */
-  get restoredPendingCount(): number {
-    return this.#sessions.pendingEpisodeCount;
+  /** Calls `listener` with each restored attempt's key as it stops being pending here. */
+  onRestoredLeft(listener: (key: string) => void): void {
+    this.#restoredLeftListeners.add(listener);
   }
 
   /** The sessions tracked here, each marked when it is a restored copy no request used yet. */

@@ -42,13 +42,15 @@ export class SessionTable {
   readonly #pendingByKey = new Map<string, Set<string>>();
   #fenced = 0;
 
-  get size(): number {
-    return this.#byId.size;
+  /** Hears each restored episode's key once it holds no pending session. */
+  readonly #onPendingLeft: (key: string) => void;
+
+  constructor(onPendingLeft: (key: string) => void = () => undefined) {
+    this.#onPendingLeft = onPendingLeft;
   }
 
-  /** Episodes holding restored sessions no request used yet. */
-  get pendingEpisodeCount(): number {
-    return this.#pendingByKey.size;
+  get size(): number {
+    return this.#byId.size;
   }
 
   /** Tracked sessions whose attempt was retired and that are not freed yet. */
@@ -105,7 +107,7 @@ export class SessionTable {
     if (!session) return undefined;
     this.#byId.delete(id);
     removeFrom(this.#byRollout, session.episode.rollout_id, id);
-    if (session.pending) removeFrom(this.#pendingByKey, session.key, id);
+    if (session.pending) this.#unpend(session);
     if (session.fenced) this.#fenced -= 1;
     return session;
   }
@@ -121,7 +123,12 @@ export class SessionTable {
   claim(session: TrackedSession): void {
     if (!session.pending) return;
     session.pending = false;
+    this.#unpend(session);
+  }
+
+  #unpend(session: TrackedSession): void {
     removeFrom(this.#pendingByKey, session.key, session.id);
+    if (!this.#pendingByKey.has(session.key)) this.#onPendingLeft(session.key);
   }
 
   /** Sessions of `rolloutId` at attempt `atMost` or earlier. */

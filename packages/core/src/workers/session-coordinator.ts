@@ -25,7 +25,6 @@ import type { CheckpointRecord, Manifest } from '../store.js';
 import type { WorkerMessage } from './coordinator.js';
 import {
   type CoordinatedRecords,
-  PARTICIPANT_MESSAGES,
   ParticipantCoordinator,
 } from './participant-coordinator.js';
 import { type CoordinatorCalls, ParticipantWorker } from './participant-worker.js';
@@ -236,8 +235,11 @@ export class SessionCoordinator<
 
 /** What a session worker needs of its kind's one-process participant beyond `Participant`. */
 export interface SessionParticipant<R extends CheckpointRecord> extends Participant<R> {
-  /** How many episodes `restoredPending` lists, without listing them. */
-  readonly restoredPendingCount: number;
+  /**
+   * Calls `listener` with each restored attempt's capture key as it stops being pending here (a
+   * request used it, or its last unused session was closed, freed or retired).
+   */
+  onRestoredLeft(listener: (key: string) => void): void;
   /** The sessions held here, each marked when it is a restored copy no request used yet. */
   sessionCopies(): { id: string; unused: boolean }[];
   /** Frees restored copies no request used (another worker's copy is live); a used one stays. */
@@ -252,8 +254,8 @@ export class SessionWorker<
   readonly #router: SessionRouter;
   readonly #link: CoordinatorCalls;
   readonly #logger: Logger;
-  /** The restored attempts pending here, as of the last install or report of their use. */
-  #pending = new Set<string>();
+  /** Restored attempts no longer pending here, not yet told to the coordinator. */
+  #left: string[] = [];
 
   constructor(
     participant: SessionParticipant<R>,
@@ -266,20 +268,18 @@ export class SessionWorker<
     this.#router = router;
     this.#link = link;
     this.#logger = logger;
-    participant.onChange(() => this.#reportUsed());
+    participant.onRestoredLeft((key) => this.#restoredLeft(key));
   }
 
-  #pendingKeys(): Set<string> {
-    return new Set(this.#participant.restoredPending().map(captureKey));
+  /** Collects the attempts that stopped being pending in this turn: one message tells them all. */
+  #restoredLeft(key: string): void {
+    this.#left.push(key);
+    if (this.#left.length === 1) setImmediate(() => this.#reportLeft());
   }
 
-  /** Tells the coordinator which restored attempts a request used here since the last time. */
-  #reportUsed(): void {
-    if (this.#participant.restoredPendingCount === this.#pending.size) return;
-    const now = this.#pendingKeys();
-    const keys = [...this.#pending].filter((key) => !now.has(key));
-    this.#pending = now;
-    if (keys.length === 0) return;
+  #reportLeft(): void {
+    const keys = this.#left;
+    this.#left = [];
     this.#link.call(SESSION_MESSAGES.used, { keys }).catch((err: unknown) =>
       this.#logger.warn('could not tell the coordinator of restored sessions used', {
         error: String(err),
@@ -306,11 +306,6 @@ export class SessionWorker<
       case SESSION_MESSAGES.freeUnused:
         await this.#participant.freeUnused((body as { session_ids: string[] }).session_ids);
         return {};
-      case PARTICIPANT_MESSAGES.install: {
-        const reply = await super.handle(kind, body);
-        this.#pending = this.#pendingKeys();
-        return reply;
-      }
       default:
         return super.handle(kind, body);
     }
