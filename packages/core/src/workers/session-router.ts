@@ -25,6 +25,7 @@ import { join } from 'node:path';
 import type { NextFunction, Request, RequestHandler, Response } from 'express';
 
 import { type CkptGymError, OverloadedError, UpstreamError } from '../errors.js';
+import { KEEP_ALIVE_IDLE_MS } from '../http-client.js';
 import type { JsonObject } from '../json.js';
 import type { Logger } from '../logging.js';
 import { keepIdleConnections } from '../server.js';
@@ -47,6 +48,8 @@ export interface SessionRouterOptions {
   readonly socketDir: string;
   readonly sessionOf: SessionOf;
   readonly logger: Logger;
+  /** How long a socket to another worker stays pooled idle (KEEP_ALIVE_IDLE_MS; for tests). */
+  readonly forwardIdleMs?: number;
 }
 
 /** The routing tables as a coordinator hands them to its workers (join and open state, install). */
@@ -233,7 +236,14 @@ export class SessionRouter {
   #agent(owner: string): Agent {
     let agent = this.#agents.get(owner);
     if (!agent) {
-      agent = new HttpAgent({ keepAlive: true });
+      // This side closes idle sockets, well before the owner's server would (SERVER_KEEP_ALIVE_MS):
+      // without a timeout node's agent pools them until the owner closes them, and a forward sent
+      // on one the owner is closing at that moment fails with ECONNRESET (bursts of them at 16,000
+      // rollouts, where a flood's sockets all went idle at once).
+      agent = new HttpAgent({
+        keepAlive: true,
+        timeout: this.#options.forwardIdleMs ?? KEEP_ALIVE_IDLE_MS,
+      });
       this.#agents.set(owner, agent);
     }
     return agent;

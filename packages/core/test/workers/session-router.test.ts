@@ -2,7 +2,7 @@ import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { createServer, request, type Server } from 'node:http';
-import { type AddressInfo, connect } from 'node:net';
+import { type AddressInfo, connect, type Socket } from 'node:net';
 
 import express, { type Express } from 'express';
 
@@ -23,6 +23,8 @@ interface Worker {
 
 let dir = '';
 let held = 0;
+/** The connections `/socket` was served on. */
+const served: Socket[] = [];
 const workers: Worker[] = [];
 
 beforeEach(() => {
@@ -40,9 +42,10 @@ afterEach(async () => {
 });
 
 /** A worker whose app answers which worker served, the body it read, and an event stream. */
-async function worker(log: Logger = logger): Promise<Worker> {
+async function worker(log: Logger = logger, forwardIdleMs?: number): Promise<Worker> {
   const id = newRoutingId();
   const router = new SessionRouter({
+    ...(forwardIdleMs === undefined ? {} : { forwardIdleMs }),
     routingId: id,
     socketDir: dir,
     sessionOf: (req) => {
@@ -59,6 +62,11 @@ async function worker(log: Logger = logger): Promise<Worker> {
   });
   // Drops the connection once the request has reached the app: no reply ever comes.
   app.post('/drop', (req) => req.socket.destroy());
+  // Answers, keeping the connection it came on for the test to watch.
+  app.post('/socket', (req, res) => {
+    served.push(req.socket);
+    res.json({ served_by: id });
+  });
   // Never replies; counts arrivals so a test knows the request got here.
   app.post('/hold', () => {
     held += 1;
@@ -114,6 +122,18 @@ describe('SessionRouter', () => {
     expect((await post(a, ownedName({ id: 's2', owner: a.id }), 'own')).json.served_by).toBe(a.id);
     expect((await post(b, ownedName({ id: 's3', owner: a.id }), 'back')).json.served_by).toBe(a.id);
     expect((await post(a, undefined, 'new')).json.served_by).toBe(a.id);
+  });
+
+  it('the forwarding worker closes its idle socket to the owner, so the owner never closes one a forward is using', async () => {
+    const [a, b] = [await worker(logger, 50), await worker()];
+    served.length = 0;
+    expect((await post(a, ownedName({ id: 's1', owner: b.id }), '', '/socket')).json).toEqual({
+      served_by: b.id,
+    });
+    // The owner keeps an idle connection for SERVER_KEEP_ALIVE_MS: this close is the forwarder's.
+    const [socket] = served;
+    if (!socket!.destroyed) await once(socket!, 'close');
+    expect(socket!.destroyed).toBe(true);
   });
 
   it('a request for an aliased owner reaches the worker the alias names', async () => {
