@@ -159,8 +159,11 @@ export class SessionCoordinator<
       );
     }
     const byWorker = new Map<number, string[]>();
-    for (const copy of stale)
-      byWorker.set(copy.worker, [...(byWorker.get(copy.worker) ?? []), copy.sessionId]);
+    for (const copy of stale) {
+      const ids = byWorker.get(copy.worker);
+      if (ids === undefined) byWorker.set(copy.worker, [copy.sessionId]);
+      else ids.push(copy.sessionId);
+    }
     if (byWorker.size === 0) return;
     const messages = new Map<number, WorkerMessage>(
       [...byWorker].map(([worker, ids]) => [
@@ -219,7 +222,9 @@ export class SessionCoordinator<
     for (const record of records) {
       const index = workerOf.get(this.#records.sessionOf(record).id);
       if (index === undefined) return super.place(records);
-      placed.set(index, [...(placed.get(index) ?? []), record]);
+      const onWorker = placed.get(index);
+      if (onWorker === undefined) placed.set(index, [record]);
+      else onWorker.push(record);
     }
     return placed;
   }
