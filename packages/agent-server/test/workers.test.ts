@@ -103,6 +103,15 @@ async function restored(id: string, scope: { rollout_id: string; attempt: number
   return after;
 }
 
+/** `sess-1` of r1 seeded on two workers, committed as c1, crashed and restored into two fresh ones. */
+async function restoredSession() {
+  const before = await twoWorkers();
+  const s = await seed(via(before), 'sess-1', 'r1');
+  expect(await commitAll(before, 'c1', ['r1'])).toEqual(['r1']);
+  await before.close();
+  return { s, after: await restored('c1', [ep('r1')]) };
+}
+
 describe('agent workers: a restored legacy /run', () => {
   test('two replacement /run calls on two workers: exactly one claims the episode and runs it, the other is 409', async () => {
     await legacyRunCheckpointed();
@@ -130,11 +139,7 @@ describe('agent workers: a restored legacy /run', () => {
 
 describe('agent workers: native sessions', () => {
   test('a cookie naming a worker that no longer exists reaches the session on its new owner (alias)', async () => {
-    const before = await twoWorkers();
-    const s = await seed(via(before), 'sess-1', 'r1');
-    expect(await commitAll(before, 'c1', ['r1'])).toEqual(['r1']);
-    await before.close();
-    const after = await restored('c1', [ep('r1')]);
+    const { s, after } = await restoredSession();
     // One owner's sessions go to the least-loaded worker, the first: send to the other one.
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([true, false]);
     const reply = await activate({ url: after.workers[1]!.url }, s, 'r1-a1', 1);
@@ -157,11 +162,7 @@ describe('agent workers: native sessions', () => {
   });
 
   test('a commit exports one copy of a session seeded again on another worker, and frees the unused restored one', async () => {
-    const before = await twoWorkers();
-    await seed(via(before), 'sess-1', 'r1');
-    expect(await commitAll(before, 'c1', ['r1'])).toEqual(['r1']);
-    await before.close();
-    const after = await restored('c1', [ep('r1')]);
+    const { after } = await restoredSession();
     // A seed of the same session without its cookie lands on the other worker: a live copy there.
     const again = await seed(via(after, 1), 'sess-1', 'r1', { attempt: 1 });
     expect(again.reply.status).toBe(200);
@@ -169,12 +170,9 @@ describe('agent workers: native sessions', () => {
     expect(await commitAll(after, 'c2', ['r1'], 1)).toEqual(['r1-a1']);
     expect(after.workers.map((w) => w.participant.has('sess-1'))).toEqual([false, true]);
   });
+
   test('a restored session closed before any request used it is no longer pending on the coordinator', async () => {
-    const before = await twoWorkers();
-    const s = await seed(via(before), 'sess-1', 'r1');
-    expect(await commitAll(before, 'c1', ['r1'])).toEqual(['r1']);
-    await before.close();
-    const after = await restored('c1', [ep('r1')]);
+    const { s, after } = await restoredSession();
     expect(await restoredPending(after)).toEqual(['r1-a1']);
     // The replacement attempt closes the session without an activation (its episode had ended).
     expect((await closeSession(via(after, 1), s, ep('r1', 1))).status).toBe(200);

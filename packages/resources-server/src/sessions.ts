@@ -45,7 +45,7 @@ export class SessionTable {
   /** Hears each restored episode's key once it holds no pending session. */
   readonly #onPendingLeft: (key: string) => void;
 
-  constructor(onPendingLeft: (key: string) => void = () => undefined) {
+  constructor(onPendingLeft: (key: string) => void) {
     this.#onPendingLeft = onPendingLeft;
   }
 
