@@ -17,14 +17,20 @@ import {
 
 import type { AgentServer } from './app.js';
 import { SIMPLE_AGENT_CONFIG_SCHEMA } from './config.js';
-import { agentRecordOf, type AgentSessionRecord, isLegacyRecord } from './participant.js';
+import {
+  agentRecordOf,
+  type AgentSessionRecord,
+  isLegacyRecord,
+  placedRecordOfRaw,
+} from './participant.js';
 import { createAgentServerFromStack } from './registry.js';
 
 /**
- * The participant of an agent server with several workers. Records are checked as the
- * one-process participant checks them; a legacy `/run`'s state lives inside its request, so its
- * record waits here for the replacement `/run`'s claim, while a native session spans requests and
- * is placed on a worker with its owner aliased there. A restart-only agent exports nothing.
+ * The participant of an agent server with several workers. A native session spans requests: its
+ * record is read no further than the fields that place it (`placedRecordOfRaw`), it is placed on
+ * a worker with its owner aliased there, and that worker checks it whole, as the one-process
+ * participant does. A legacy `/run`'s state lives inside its request: its record is checked here
+ * and waits for the replacement `/run`'s claim. A restart-only agent exports nothing.
  */
 export function agentCoordinator(options: {
   instance: string;
@@ -36,6 +42,7 @@ export function agentCoordinator(options: {
     ...options,
     records: {
       validateRecord: agentRecordOf,
+      validateRawRecord: placedRecordOfRaw,
       claimedByRequest: isLegacyRecord,
       sessionOf: (record) => ({ id: record.session_key, owner: record.owner }),
       exportedFields: ['session_key', 'owner'],

@@ -291,6 +291,68 @@ export function agentRecordOf(record: JsonObject, key: string): AgentSessionReco
   };
 }
 
+/**
+ * A record read back undecoded, checked as `agentRecordOf` checks it: the session key and the
+ * boundaries are decoded now, the session state when first read.
+ */
+export function agentRecordOfRaw(record: RawRecord, key: string): AgentSessionRecord {
+  const fields = checkedRecordFields(
+    key,
+    {
+      session_key: record.field('session_key'),
+      boundary: record.field('boundary'),
+      episode: record.field('episode'),
+      owner: record.field('owner'),
+    },
+    record.fieldNames().includes('session'),
+  );
+  return {
+    ...fields,
+    episode_id: record.episode_id,
+    get session(): JsonValue {
+      return record.field('session')!;
+    },
+    [RAW_RECORD]: record,
+  };
+}
+
+/**
+ * A record as the coordinator of several workers reads it: a native session by the fields written
+ * ahead of its state (session key and owner), which place it; its state and boundaries are checked
+ * by the worker it is placed on, which reads the record whole. A legacy `/run`'s record stays on
+ * the coordinator until a request claims it, so it is checked whole here (`agentRecordOfRaw`), as
+ * is a record written in another order.
+ */
+export function placedRecordOfRaw(record: RawRecord, key: string): AgentSessionRecord {
+  const head = record.fieldsBefore('session');
+  const sessionKey = head.session_key;
+  if (typeof sessionKey !== 'string' || sessionKey.length === 0 || sessionKey.startsWith('run:')) {
+    return agentRecordOfRaw(record, key);
+  }
+  const { owner } = head;
+  if (owner !== undefined && !isRoutingId(owner)) {
+    throw new CheckpointStateError(`${key}: owner must be a routing id`);
+  }
+  // Read here only if asked: checked whole then, as the one-process participant checks it.
+  let whole: AgentSessionRecord | undefined;
+  const checked = (): AgentSessionRecord => (whole ??= agentRecordOfRaw(record, key));
+  return {
+    episode_id: record.episode_id,
+    session_key: sessionKey,
+    ...(owner === undefined ? {} : { owner }),
+    get session(): JsonValue {
+      return checked().session;
+    },
+    get boundary(): JsonObject | null {
+      return checked().boundary;
+    },
+    get episode(): JsonObject | null {
+      return checked().episode;
+    },
+    [RAW_RECORD]: record,
+  };
+}
+
 /** `run:<rollout_id>`: a legacy `/run` is keyed by its logical rollout, so a replacement finds it. */
 export function legacyKey(rolloutId: string): string {
   return `run:${rolloutId}`;
@@ -867,28 +929,11 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     return agentRecordOf(record, key);
   }
 
-  /** Reads the session key and boundaries now; the session state is decoded when first read. */
+  /** A small record is decoded now; a larger one as `agentRecordOfRaw` reads it. */
   validateRawRecord(record: RawRecord, key: string): AgentSessionRecord {
-    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
-      return this.validateRecord(record.decode(), key);
-    const fields = checkedRecordFields(
-      key,
-      {
-        session_key: record.field('session_key'),
-        boundary: record.field('boundary'),
-        episode: record.field('episode'),
-        owner: record.field('owner'),
-      },
-      record.fieldNames().includes('session'),
-    );
-    return {
-      ...fields,
-      episode_id: record.episode_id,
-      get session(): JsonValue {
-        return record.field('session')!;
-      },
-      [RAW_RECORD]: record,
-    };
+    return record.bytes.length < DEFER_DECODE_MIN_BYTES
+      ? this.validateRecord(record.decode(), key)
+      : agentRecordOfRaw(record, key);
   }
 
   override checkRestore(): void {

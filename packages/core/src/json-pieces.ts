@@ -243,6 +243,17 @@ export function objectMembers(bytes: Buffer, start = 0, end = bytes.length): Obj
 }
 
 /**
+ * `objectMembers` of the members ahead of the first one keyed `name` (all, when none is): nothing
+ * from that member on is scanned, so small fields written ahead of a large payload are read
+ * without walking it. A later duplicate of a member read here is not seen.
+ */
+export function objectMembersBefore(bytes: Buffer, name: string): ObjectMember[] {
+  let first = 0;
+  while (first < bytes.length && isWhitespace(bytes[first])) first++;
+  return new PieceDecoder(bytes, 0, DECODE_PIECE_BYTES).membersBefore(first, bytes.length, name);
+}
+
+/**
  * Where each element of the UTF-8 JSON array text in `bytes[start, end)` lies, as `objectMembers`
  * locates an object's values: checked for structure only, each element's text decoded by no one.
  */
@@ -392,18 +403,40 @@ class PieceDecoder {
   members(start: number, stop: number): ObjectMember[] {
     const members: ObjectMember[] = [];
     this.items(start, stop, OPEN_BRACE, (pos) => {
-      if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
-      const keyEnd = this.stringEnd(pos, stop);
-      const keyText = this.bytes.toString('utf8', pos, keyEnd);
-      const key = this.keyOf(keyText, pos);
-      const colon = this.skipWhitespace(keyEnd, stop);
-      if (this.bytes[colon] !== COLON) throw this.error("expected ':'", colon);
-      const valueStart = this.skipWhitespace(colon + 1, stop);
-      const valueEnd = this.valueEnd(valueStart, stop);
-      members.push({ keyText, key, start: valueStart, end: valueEnd });
-      return valueEnd;
+      const member = this.member(pos, stop);
+      members.push(member);
+      return member.end;
     });
     return members;
+  }
+
+  /** The members of the object opening at `start`, up to the first keyed `name` (not scanned). */
+  membersBefore(start: number, stop: number, name: string): ObjectMember[] {
+    if (this.bytes[start] !== OPEN_BRACE) throw this.error('expected an object', start);
+    const members: ObjectMember[] = [];
+    let pos = this.skipWhitespace(start + 1, stop);
+    if (this.bytes[pos] === CLOSE_BRACE) return members;
+    for (;;) {
+      const member = this.member(pos, stop);
+      if (member.key === name) return members;
+      members.push(member);
+      pos = this.skipWhitespace(member.end, stop);
+      if (this.bytes[pos] === CLOSE_BRACE) return members;
+      if (this.bytes[pos] !== COMMA) throw this.error("expected ',' or '}'", pos);
+      pos = this.skipWhitespace(pos + 1, stop);
+    }
+  }
+
+  /** The member whose key opens at `pos`: its key, and where its value lies. */
+  private member(pos: number, stop: number): ObjectMember {
+    if (this.bytes[pos] !== QUOTE) throw this.error('expected a string key', pos);
+    const keyEnd = this.stringEnd(pos, stop);
+    const keyText = this.bytes.toString('utf8', pos, keyEnd);
+    const key = this.keyOf(keyText, pos);
+    const colon = this.skipWhitespace(keyEnd, stop);
+    if (this.bytes[colon] !== COLON) throw this.error("expected ':'", colon);
+    const valueStart = this.skipWhitespace(colon + 1, stop);
+    return { keyText, key, start: valueStart, end: this.valueEnd(valueStart, stop) };
   }
 
   /** A key as the codec reads it (validating its escapes). */

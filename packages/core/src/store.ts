@@ -37,6 +37,7 @@ import {
   decodeJsonPieces,
   encodeJsonPieces,
   objectMembers,
+  objectMembersBefore,
   type TextSink,
 } from './json-pieces.js';
 import { Mutex } from './mutex.js';
@@ -658,6 +659,12 @@ export interface RawRecord {
   fieldElements(name: string): Buffer[] | undefined;
   /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
   fieldNames(): string[];
+  /**
+   * The top-level fields ahead of the first one keyed `name`, decoded, nothing from it on read
+   * (a later duplicate of one of them is not seen): small fields a writer puts ahead of a large
+   * payload are read without walking the payload.
+   */
+  fieldsBefore(name: string): JsonObject;
 }
 
 class LazyRecord implements RawRecord {
@@ -682,6 +689,26 @@ class LazyRecord implements RawRecord {
   fieldNames(): string[] {
     this.#members ??= recordMembers(this.bytes, this.key);
     return [...this.#members.keys()];
+  }
+
+  fieldsBefore(name: string): JsonObject {
+    const fields: JsonObject = {};
+    if (this.#decoded !== undefined) {
+      for (const [key, value] of Object.entries(this.#decoded)) {
+        if (key === name) break;
+        setOwn(fields, key, value);
+      }
+      return fields;
+    }
+    const members = attempt(this.key, () => objectMembersBefore(this.bytes, name));
+    for (const { key, start, end } of members) {
+      setOwn(
+        fields,
+        key,
+        attempt(this.key, () => decodeJsonPieces(this.bytes, start, end)),
+      );
+    }
+    return fields;
   }
 
   fieldBytes(name: string): Buffer | undefined {
@@ -711,6 +738,24 @@ class LazyRecord implements RawRecord {
     }
     return value;
   }
+}
+
+/** Sets an own field, `__proto__` included (an assignment would set the prototype). */
+function setOwn(object: JsonObject, key: string, value: JsonValue): void {
+  Object.defineProperty(object, key, {
+    value,
+    enumerable: true,
+    writable: true,
+    configurable: true,
+  });
+}
+
+/**
+ * A record line that reached this process whole (a worker's install), read as the store reads an
+ * in-scope line: undecoded, its episode as given (the process that read the file checked it).
+ */
+export function rawRecordOf(episode: EpisodeId, line: Buffer, key: string): RawRecord {
+  return new LazyRecord(episode, line, key, undefined);
 }
 
 /** Runs a decode of episode `key`'s record; its failure is a typed error naming the episode. */

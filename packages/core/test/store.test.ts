@@ -985,6 +985,25 @@ describe('decoding on use (readRawParticipantState)', () => {
     expect(() => raw.decode()).toThrow(CheckpointStateError);
   });
 
+  test('fieldsBefore() reads the fields ahead of a payload without reading the payload or anything after it', async () => {
+    // Not even the payload's structure is sound: a scan of it would fail.
+    await handWritten([line('r', 1, ',"session_key":"k1","__proto__":{"o":1},"session":{"m": [}')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    const head = raw.fieldsBefore('session');
+    expect(Object.keys(head)).toEqual(['episode_id', 'session_key', '__proto__']);
+    expect(head.session_key).toBe('k1');
+    expect(Object.getPrototypeOf(head)).toBe(Object.prototype); // an own field, not the prototype
+    expect(() => raw.fieldNames()).toThrow(/episode 'r-a1' is not JSON/);
+  });
+
+  test('fieldsBefore() a name the record lacks reads every field; decoded first, it reads the decoded record', async () => {
+    await handWritten([line('r', 1, ',"a":1,"b":[2]')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.fieldsBefore('absent')).toEqual({ episode_id: episodeId('r', 1), a: 1, b: [2] });
+    raw.decode();
+    expect(raw.fieldsBefore('b')).toEqual({ episode_id: episodeId('r', 1), a: 1 });
+  });
+
   test("fieldBytes() gives a top-level field's text as it lies in the record, decoded or not", async () => {
     await handWritten([line('r', 1, ',"session_key":"k1","session":{"m": [not JSON]},"n":[1, 2]')]);
     const [raw] = (await readRaw()).records as [RawRecord];

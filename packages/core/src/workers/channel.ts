@@ -4,8 +4,8 @@
  * retryable `checkpoint_coordinator_unavailable`. A handler's typed error is the caller's typed
  * error; an untyped throw is `checkpoint_error`; a reply that cannot be framed is answered with a
  * typed `invalid_checkpoint_state` error instead, so the caller never waits to its deadline. A
- * handler may answer `WithBytes`: the caller's reply is then a `WithBytes` too (only replies carry
- * bytes; a request frame with bytes is corrupt).
+ * handler may answer `WithBytes`: the caller's reply is then a `WithBytes` too; a request sent as
+ * `WithBytes` (the coordinator's install) reaches its handler with the bytes beside its body.
  */
 import type { Socket } from 'node:net';
 
@@ -18,7 +18,7 @@ import {
 } from '../errors.js';
 import type { JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
-import { encodeFrame, FrameError, FrameReader, framePieces, WithBytes } from './frames.js';
+import { encodeFrame, FrameReader, framePieces, WithBytes } from './frames.js';
 import type {
   ChannelError,
   ChannelHandler,
@@ -94,9 +94,10 @@ export class Channel {
   }
 
   /**
-   * Sends a request and waits for its reply, both within `timeoutMs`: its body, or `WithBytes`
-   * when the handler answered with bytes. Rejects with the reply's typed error, or
-   * `CoordinatorUnavailableError` on a timeout or a lost connection.
+   * Sends a request (`WithBytes`: its bytes travel unencoded beside the body) and waits for its
+   * reply, both within `timeoutMs`: its body, or `WithBytes` when the handler answered with bytes.
+   * Rejects with the reply's typed error, or `CoordinatorUnavailableError` on a timeout or a lost
+   * connection.
    */
   call(
     kind: string,
@@ -119,16 +120,19 @@ export class Channel {
           fn(value);
         };
       this.#pending.set(id, { kind, resolve: settle(resolve), reject: settle(reject) });
-      let frame: Buffer;
+      let pieces: Uint8Array[];
       try {
-        frame = encodeFrame({ id, kind, body }, this.#options.maxFrameBytes);
+        pieces =
+          body instanceof WithBytes
+            ? framePieces({ id, kind, body: body.body }, this.#options.maxFrameBytes, body.bytes)
+            : [encodeFrame({ id, kind, body }, this.#options.maxFrameBytes)];
       } catch (err) {
         settle(reject)(
           new CheckpointStateError(`message ${kind} cannot be framed: ${describeThrow(err)}`),
         );
         return;
       }
-      this.#socket.write(frame);
+      this.#write(pieces);
     });
   }
 
@@ -151,9 +155,6 @@ export class Channel {
     let messages: (JsonValue | WithBytes)[];
     try {
       messages = this.#reader.push(chunk);
-      if (messages.some((m) => m instanceof WithBytes && !isReply(m.body))) {
-        throw new FrameError('a request frame carries bytes; only replies may');
-      }
     } catch (err) {
       this.#options.logger?.error('checkpoint channel frame rejected; closing the connection', {
         error: describeThrow(err),
@@ -162,9 +163,10 @@ export class Channel {
       return;
     }
     for (const message of messages) {
-      if (message instanceof WithBytes) this.#settle(message.body as ChannelReply, message.bytes);
-      else if (isReply(message)) this.#settle(message);
-      else this.#serve(message as unknown as ChannelRequest);
+      const body = message instanceof WithBytes ? message.body : message;
+      const bytes = message instanceof WithBytes ? message.bytes : undefined;
+      if (isReply(body)) this.#settle(body, bytes);
+      else this.#serve(body as unknown as ChannelRequest, bytes);
     }
   }
 
@@ -176,7 +178,7 @@ export class Channel {
     else pending.resolve(new WithBytes(reply.body as JsonValue, bytes));
   }
 
-  #serve(request: ChannelRequest): void {
+  #serve(request: ChannelRequest, bytes: Uint8Array | undefined): void {
     const { immediate, handler } = this.#options;
     if (immediate) {
       let body: unknown;
@@ -191,7 +193,7 @@ export class Channel {
         return;
       }
     }
-    handler(request.kind, request.body).then(
+    handler(request.kind, request.body, bytes).then(
       (body) => this.#reply(request, { reply_to: request.id, ok: true, body }),
       (err: unknown) => {
         if (!(err instanceof CkptGymError)) {
@@ -227,7 +229,11 @@ export class Channel {
       );
       pieces = [encodeFrame({ reply_to: request.id, ok: false, error } satisfies ChannelReply)];
     }
-    // One gathered write (writev): the pieces go out together, none copied into one frame.
+    this.#write(pieces);
+  }
+
+  /** One gathered write (writev): a frame's pieces go out together, none copied into one buffer. */
+  #write(pieces: readonly Uint8Array[]): void {
     this.#socket.cork();
     for (const piece of pieces) this.#socket.write(piece);
     this.#socket.uncork();

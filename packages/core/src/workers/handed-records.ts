@@ -1,15 +1,21 @@
 /**
- * A worker's exported records as bytes (its answer to the commit's `export`): each record's fields
- * after `episode_id` encoded once, in the worker, into one buffer, as the store writes them, and a
- * small index: per record its `episode_id`, the few fields its coordinator reads
- * (`CoordinatedRecords.exportedFields`) and its bytes' length. The coordinator builds each record
- * from its index entry and a view of the bytes (`RECORD_FIELDS_JSON`), decoding none: the worker
- * runs the same code, so what it exports needs no second check.
+ * Records between a coordinator and its workers as bytes beside a small index, both ways.
+ *
+ * - Export (a worker's answer to the commit's `export`): each record's fields after `episode_id`
+ *   encoded once, in the worker, into one buffer, as the store writes them; per record the index
+ *   holds its `episode_id`, the few fields its coordinator reads
+ *   (`CoordinatedRecords.exportedFields`) and its bytes' length. The coordinator builds each record
+ *   from its index entry and a view of the bytes (`RECORD_FIELDS_JSON`), decoding none: the worker
+ *   runs the same code, so what it exports needs no second check.
+ * - Install (the coordinator's message to each worker at a restore): each record's whole line as
+ *   the store read it (a record the coordinator only has decoded is encoded as the store would
+ *   write it); the worker reads each line as the store reads one (`RawRecord`), so a session's
+ *   state is decoded where it is used, once, and nowhere on the way.
  */
 import { CheckpointError, CheckpointStateError } from '../errors.js';
-import { captureKey, episodeIdFromJson, episodeIdToJson } from '../identity.js';
+import { captureKey, type EpisodeId, episodeIdFromJson, episodeIdToJson } from '../identity.js';
 import { encodeJsonBytes } from '../json-pieces.js';
-import { JsonEncodeError, type JsonObject, type JsonValue } from '../json.js';
+import { encodeJson, JsonEncodeError, type JsonObject, type JsonValue } from '../json.js';
 import { type CheckpointRecord, RECORD_FIELDS_JSON } from '../store.js';
 
 type Pieces = readonly (string | Uint8Array)[];
@@ -25,15 +31,18 @@ export function handRecords(
   records: readonly CheckpointRecord[],
   fields: readonly string[],
 ): { index: HandedRecord[]; bytes: Buffer } {
-  const encoded = records.map(fieldsJson);
-  const index = records.map((record, i) => ({
-    head: headOf(record, fields),
-    length: byteLength(encoded[i]!),
-  }));
-  const bytes = Buffer.allocUnsafe(index.reduce((total, r) => total + r.length, 0));
-  let at = 0;
-  for (const pieces of encoded) at = writePieces(pieces, bytes, at);
+  const { lengths, bytes } = joined(records.map(fieldsJson));
+  const index = records.map((record, i) => ({ head: headOf(record, fields), length: lengths[i]! }));
   return { index, bytes };
+}
+
+/** Each record's pieces one after another in one buffer, and each record's byte length. */
+function joined(records: readonly Pieces[]): { lengths: number[]; bytes: Buffer } {
+  const lengths = records.map(byteLength);
+  const bytes = Buffer.allocUnsafe(lengths.reduce((total, length) => total + length, 0));
+  let at = 0;
+  for (const pieces of records) at = writePieces(pieces, bytes, at);
+  return { lengths, bytes };
 }
 
 /**
@@ -116,4 +125,60 @@ export function handedRecords(
     throw new CheckpointError("a worker's exported records do not match their bytes");
   }
   return records;
+}
+
+/** A record line the coordinator hands a worker to install, with its episode. */
+export interface InstalledLine {
+  readonly episode: EpisodeId;
+  readonly line: Buffer;
+}
+
+/**
+ * The records as lines for a worker's install: `lineOf` gives a record's line as the store read it;
+ * a record without one is encoded as the store writes it.
+ */
+export function handLines(
+  records: readonly CheckpointRecord[],
+  lineOf: (record: CheckpointRecord) => Uint8Array | undefined,
+): { index: HandedRecord[]; bytes: Buffer } {
+  const { lengths, bytes } = joined(
+    records.map((record): Pieces => {
+      const line = lineOf(record);
+      return line === undefined ? encodedLine(record) : [line];
+    }),
+  );
+  const index = records.map((record, i) => ({
+    head: { episode_id: episodeIdToJson(record.episode_id) as JsonValue },
+    length: lengths[i]!,
+  }));
+  return { index, bytes };
+}
+
+/** `{"episode_id":…,` then the record's other fields, as the store writes its line. */
+function encodedLine(record: CheckpointRecord): Pieces {
+  const fields = fieldsJson(record);
+  const episode = `{"episode_id":${encodeJson(episodeIdToJson(record.episode_id))}`;
+  return [episode, ...(fields.length > 0 ? [','] : []), ...fields, '}'];
+}
+
+/**
+ * The lines a coordinator handed, each a view of the bytes with its episode. An index that does
+ * not cover the bytes exactly fails the install.
+ */
+export function handedLines(index: readonly HandedRecord[], bytes: Uint8Array): InstalledLine[] {
+  const whole = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const lines: InstalledLine[] = [];
+  let at = 0;
+  for (const { head, length } of index) {
+    if (!Number.isSafeInteger(length) || length < 0 || at + length > whole.length) break;
+    lines.push({
+      episode: episodeIdFromJson(head.episode_id),
+      line: whole.subarray(at, at + length),
+    });
+    at += length;
+  }
+  if (lines.length !== index.length || at !== whole.length) {
+    throw new CheckpointError("the coordinator's records to install do not match their bytes");
+  }
+  return lines;
 }

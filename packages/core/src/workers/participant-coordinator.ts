@@ -16,7 +16,13 @@
  * - retire reaches every worker and drops the held records of the attempts it covers.
  */
 import { AdmissionClosedError, CheckpointError } from '../errors.js';
-import { captureKey, covers, type EpisodeId, episodeIdFromJson } from '../identity.js';
+import {
+  captureKey,
+  covers,
+  type EpisodeId,
+  episodeIdFromJson,
+  episodeIdToJson,
+} from '../identity.js';
 import type { JsonObject, JsonValue } from '../json.js';
 import type { AdmissionRequest, PrepareReport } from '../participant.js';
 import type { CheckpointRecord, RawRecord } from '../store.js';
@@ -26,7 +32,7 @@ import {
   type WorkerMessage,
 } from './coordinator.js';
 import { WithBytes } from './frames.js';
-import { type HandedRecord, handedRecords } from './handed-records.js';
+import { type HandedRecord, handedRecords, handLines } from './handed-records.js';
 import { HeldRecords } from './held.js';
 import { checkExportAnswers, mergeReadiness, mergeStatuses, replyTimeoutMs } from './rules.js';
 import {
@@ -92,13 +98,24 @@ export class ParticipantCoordinator<
    */
   readonly #workerPending = new Map<number, EpisodeId[]>();
   #departedAtClose = 0;
+  /**
+   * The line each record a restore read undecoded came from: an install hands the workers these
+   * bytes, never re-encoding a record (the coordinator changes none it restores).
+   */
+  readonly #lines = new WeakMap<CheckpointRecord, Uint8Array>();
   readonly validateRawRecord?: (record: RawRecord, key: string) => R;
 
   constructor(options: ParticipantCoordinatorOptions<R>) {
     super(options);
     this.#records = options.records;
     const raw = options.records.validateRawRecord;
-    if (raw) this.validateRawRecord = (record, key) => raw.call(options.records, record, key);
+    if (raw) {
+      this.validateRawRecord = (record, key) => {
+        const validated = raw.call(options.records, record, key);
+        this.#lines.set(validated, record.bytes);
+        return validated;
+      };
+    }
   }
 
   // --- the layer's hooks ------------------------------------------------------------------------
@@ -191,7 +208,11 @@ export class ParticipantCoordinator<
     this.checkRestore();
     const held = records.filter((r) => this.#records.claimedByRequest(r));
     const placed = this.place(records.filter((r) => !this.#records.claimedByRequest(r)));
-    const body = (index: number): unknown => ({ records: placed.get(index) ?? [], scope });
+    const body = (index: number): WithBytes => {
+      const lines = handLines(placed.get(index) ?? [], (r) => this.#lines.get(r));
+      const message = { records: lines.index, scope: scope.map(episodeIdToJson) };
+      return new WithBytes(message as unknown as JsonValue, lines.bytes);
+    };
     const messages = new Map<number, WorkerMessage>(
       this.workers().map((w) => [
         w.index,

@@ -11,9 +11,9 @@ import { captureKey, type EpisodeId, episodeIdFromJson, episodeIdToJson } from '
 import type { JsonObject, JsonValue } from '../json.js';
 import type { Logger } from '../logging.js';
 import type { Participant, RetiredMarks } from '../participant.js';
-import type { CheckpointRecord } from '../store.js';
+import { type CheckpointRecord, rawRecordOf } from '../store.js';
 import { WithBytes } from './frames.js';
-import { handRecords } from './handed-records.js';
+import { type HandedRecord, handedLines, handRecords } from './handed-records.js';
 import {
   PARTICIPANT_MESSAGES,
   type ParticipantWorkerReport,
@@ -135,13 +135,13 @@ export class ParticipantWorker<R extends CheckpointRecord = CheckpointRecord>
     return report as unknown as JsonObject;
   }
 
-  async handle(kind: string, body: JsonValue): Promise<unknown> {
+  async handle(kind: string, body: JsonValue, bytes?: Uint8Array): Promise<unknown> {
     const b = body as JsonObject;
     switch (kind) {
       case PARTICIPANT_MESSAGES.export:
         return this.#export(b);
       case PARTICIPANT_MESSAGES.install:
-        await this.#install(b);
+        await this.#install(b, bytes ?? new Uint8Array());
         return { pending: this.#pending() };
       case PARTICIPANT_MESSAGES.deleteRestored:
         await this.#participant.deleteRestored(episodeIdFromJson(b.episode_id));
@@ -166,9 +166,17 @@ export class ParticipantWorker<R extends CheckpointRecord = CheckpointRecord>
     return new WithBytes(answer as unknown as JsonValue, bytes);
   }
 
-  async #install(body: JsonObject): Promise<void> {
-    const records = (body.records as JsonObject[]).map((record) =>
-      this.#participant.validateRecord(record, captureKey(episodeIdFromJson(record.episode_id))),
+  /** Reads each handed line as the store reads one, so its participant decodes what it defers. */
+  async #install(body: JsonObject, bytes: Uint8Array): Promise<void> {
+    const participant = this.#participant;
+    const records = handedLines(body.records as unknown as HandedRecord[], bytes).map(
+      ({ episode, line }) => {
+        const key = captureKey(episode);
+        const raw = rawRecordOf(episode, line, key);
+        return participant.validateRawRecord
+          ? participant.validateRawRecord(raw, key)
+          : participant.validateRecord(raw.decode(), key);
+      },
     );
     const scope = (body.scope as JsonValue[]).map((e) => episodeIdFromJson(e));
     await this.#participant.install(records, scope);

@@ -23,10 +23,7 @@ import type { Logger } from '../logging.js';
 import type { Participant } from '../participant.js';
 import type { CheckpointRecord, Manifest } from '../store.js';
 import type { WorkerMessage } from './coordinator.js';
-import {
-  type CoordinatedRecords,
-  ParticipantCoordinator,
-} from './participant-coordinator.js';
+import { type CoordinatedRecords, ParticipantCoordinator } from './participant-coordinator.js';
 import { type CoordinatorCalls, ParticipantWorker } from './participant-worker.js';
 import type { SessionRef } from './session-owners.js';
 import { oneCopyPerSession, type Placement, placeSessions } from './session-placement.js';
@@ -301,7 +298,7 @@ export class SessionWorker<
     this.#router.adopt(state as unknown as RoutingState);
   }
 
-  override async handle(kind: string, body: JsonValue): Promise<unknown> {
+  override async handle(kind: string, body: JsonValue, bytes?: Uint8Array): Promise<unknown> {
     switch (kind) {
       case SESSION_MESSAGES.routing:
         this.#router.adopt(body as unknown as RoutingState);
@@ -312,7 +309,7 @@ export class SessionWorker<
         await this.#participant.freeUnused((body as { session_ids: string[] }).session_ids);
         return {};
       default:
-        return super.handle(kind, body);
+        return super.handle(kind, body, bytes);
     }
   }
 }

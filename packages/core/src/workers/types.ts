@@ -31,9 +31,16 @@ export type ChannelReply =
 
 export type ChannelMessage = ChannelRequest | ChannelReply;
 
-/** Serves one request kind and body; a thrown typed error is the caller's typed error. */
-/** Sent bodies and replies are anything the faithful codec writes (checked when framed). */
-export type ChannelHandler = (kind: string, body: JsonValue) => Promise<unknown>;
+/**
+ * Serves one request kind and body (and the bytes sent beside it, if any); a thrown typed error is
+ * the caller's typed error. Sent bodies and replies are anything the faithful codec writes
+ * (checked when framed).
+ */
+export type ChannelHandler = (
+  kind: string,
+  body: JsonValue,
+  bytes?: Uint8Array,
+) => Promise<unknown>;
 /**
  * Serves a request on the read loop, before any later frame of the connection is read (so its
  * reply precedes every later message: claims), or returns undefined to leave it to the handler.
@@ -145,8 +152,8 @@ export interface WorkerSide {
    * each sends a fresh report while admission is closed, as a gate change does.
    */
   onChange?(listener: () => void): () => void;
-  /** Serves a kind message from the coordinator. */
-  handle?(kind: string, body: JsonValue): Promise<unknown>;
+  /** Serves a kind message from the coordinator (with the bytes sent beside it, if any). */
+  handle?(kind: string, body: JsonValue, bytes?: Uint8Array): Promise<unknown>;
 }
 
 /**

@@ -85,7 +85,7 @@ export class WorkerLink {
     const channel = new Channel(await this.#connect(), {
       peer: `the ${this.#label} checkpoint coordinator`,
       logger: this.#options.logger,
-      handler: (kind, body) => this.#handle(kind, body),
+      handler: (kind, body, bytes) => this.#handle(kind, body, bytes),
     });
     this.#channel = channel;
     channel.onClose(() => this.#lost());
@@ -187,7 +187,7 @@ export class WorkerLink {
     (this.#options.onCoordinatorLost ?? (() => process.exit(1)))();
   }
 
-  async #handle(kind: string, body: JsonValue): Promise<unknown> {
+  async #handle(kind: string, body: JsonValue, bytes?: Uint8Array): Promise<unknown> {
     const side = this.#side!;
     const b = body as JsonObject;
     switch (kind) {
@@ -214,7 +214,7 @@ export class WorkerLink {
       }
       default:
         if (!side.handle) throw new Error(`unknown checkpoint message ${kind}`);
-        return side.handle(kind, body);
+        return side.handle(kind, body, bytes);
     }
   }
 

@@ -136,24 +136,29 @@ describe('the worker channel', () => {
     ]);
   });
 
-  test('a request frame carrying bytes is corrupt: it is not served and the connection drops', async () => {
-    const [raw, served] = await socketPair();
-    const logger = new MemoryLogger();
-    const seen: string[] = [];
-    new Channel(served, {
-      logger,
-      handler: async (kind) => {
-        seen.push(kind);
-        return {};
+  test('a request with bytes reaches its handler with its body and the bytes unencoded, over a real socket', async () => {
+    const bytes = Buffer.from([0xff, 0xfe, 0x00, 0x7b]);
+    const seen: { body: unknown; bytes: Buffer | undefined }[] = [];
+    const { a } = await channelPair({
+      handler: async (_kind, body, received) => {
+        seen.push({ body, bytes: received && Buffer.from(received) });
+        return { ok: 1 };
       },
     });
-    const closed = new Promise<void>((resolve) => raw.once('close', () => resolve()));
-    raw.on('data', () => undefined);
-    raw.write(encodeFrame({ id: 1, kind: 'close', body: {} }, undefined, Buffer.from('x')));
-    await closed;
-    expect(seen).toEqual([]);
-    expect(logger.lines.map((l) => l.message)).toContain(
-      'checkpoint channel frame rejected; closing the connection',
-    );
+    await expect(a.call('install', new WithBytes({ big: 2n ** 64n }, bytes))).resolves.toEqual({
+      ok: 1,
+    });
+    await a.call('close', {});
+    expect(seen).toEqual([
+      { body: { big: 2n ** 64n }, bytes },
+      { body: {}, bytes: undefined },
+    ]);
+  });
+
+  test('a request whose bytes take it over the frame limit fails at once with a typed 422', async () => {
+    const { a } = await channelPair({ maxFrameBytes: 200, handler: async () => ({}) });
+    await expect(
+      refusal(a.call('install', new WithBytes({}, Buffer.alloc(1000)), 60_000)),
+    ).resolves.toEqual(['invalid_checkpoint_state', 422]);
   });
 });

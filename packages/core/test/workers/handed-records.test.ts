@@ -1,6 +1,7 @@
 /**
- * A worker's exported records as bytes: each record's JSON after `episode_id` is what the store
- * writes for it in one process, and the coordinator's records are views of those bytes.
+ * Records as bytes between workers and their coordinator. Export: each record's JSON after
+ * `episode_id` is what the store writes for it in one process, and the coordinator's records are
+ * views of those bytes. Install: each record's line as the store read it, or as it writes it.
  */
 import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -13,7 +14,12 @@ import {
   RECORD_FIELDS_JSON,
   writeParticipantState,
 } from '../../src/store.js';
-import { handedRecords, handRecords } from '../../src/workers/handed-records.js';
+import {
+  handedLines,
+  handedRecords,
+  handLines,
+  handRecords,
+} from '../../src/workers/handed-records.js';
 
 let root: string;
 beforeEach(async () => {
@@ -85,5 +91,27 @@ describe("a worker's handed records", () => {
     const { index, bytes } = handRecords(sampleRecords(), []);
     expect(() => handedRecords(index, bytes.subarray(1))).toThrow(/do not match their bytes/);
     expect(() => handedRecords(index.slice(1), bytes)).toThrow(/do not match their bytes/);
+  });
+});
+
+describe("a coordinator's handed lines", () => {
+  test('a line the store read is handed as it is; a record known only decoded as the line the store writes', async () => {
+    const records = sampleRecords();
+    const fileLines = (await written(records, 'file')).toString().trimEnd().split('\n');
+    const asRead = Buffer.from(`${fileLines[0]!} `); // not what encoding would give: handed as read
+    const { index, bytes } = handLines(records, (r) => (r === records[0] ? asRead : undefined));
+    const lines = handedLines(index, bytes);
+    expect(lines.map((l) => l.episode)).toEqual(records.map((r) => r.episode_id));
+    expect(lines.map((l) => l.line.toString())).toEqual([
+      asRead.toString(),
+      fileLines[1],
+      fileLines[2],
+    ]);
+  });
+
+  test('an index that does not cover its bytes exactly fails the install', () => {
+    const { index, bytes } = handLines(sampleRecords(), () => undefined);
+    expect(() => handedLines(index, bytes.subarray(1))).toThrow(/do not match their bytes/);
+    expect(() => handedLines(index.slice(1), bytes)).toThrow(/do not match their bytes/);
   });
 });

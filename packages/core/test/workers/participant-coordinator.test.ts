@@ -17,11 +17,12 @@ import {
   type Manifest,
   MANIFEST_FILE,
   participantDir,
+  type RawRecord,
   RECORD_FIELDS_JSON,
   writeParticipantState,
 } from '../../src/store.js';
 import { TestParticipant, type TestRecord } from '../support/test-participant.js';
-import { startParticipants, type Participants } from './participants.js';
+import { type Participants, type ParticipantsOptions, startParticipants } from './participants.js';
 import { onCleanup, refusedWith, useSockets } from './sockets.js';
 import { eventually, now } from './toy.js';
 
@@ -70,13 +71,14 @@ async function restored(
   dir: string,
   scope: EpisodeId[],
   resume = true,
+  options: ParticipantsOptions = {},
 ): Promise<
   Participants & {
     one: Awaited<ReturnType<Participants['worker']>>;
     two: Awaited<ReturnType<Participants['worker']>>;
   }
 > {
-  const after = await startParticipants(2);
+  const after = await startParticipants(2, options);
   const one = await after.worker(1);
   const two = await after.worker(2);
   await after.plane.restore({
@@ -290,6 +292,50 @@ describe('participant workers: the next commit, retire and pending attempts', ()
     );
     expect(err.code).toBe('checkpoint_error');
     expect(err.detail).toContain('r2-a1');
+  });
+});
+
+/** A worker participant that records each line a restore hands it to read raw. */
+class RawReadingParticipant extends TestParticipant {
+  readonly rawLines: string[] = [];
+
+  validateRawRecord(record: RawRecord, key: string): TestRecord {
+    this.rawLines.push(record.bytes.toString());
+    return this.validateRecord(record.decode(), key);
+  }
+}
+
+describe('participant workers: an install hands records as the checkpoint holds them', () => {
+  test("a placed record reaches its worker as its line in the checkpoint, read there as the store reads one, never re-encoded from the coordinator's copy", async () => {
+    const payload = { placed: true, worker: 2, logprob: -Infinity, tokens: [2n ** 64n + 1n] };
+    const before = await startParticipants(1);
+    (await before.worker(1)).participant.start(captureKey(r1), 'parked', payload);
+    expect((await before.plane.prepare({ checkpoint_id: 'c1', ...deadline() })).phase).toBe(
+      'prepared',
+    );
+    const dir = await commitC1(before);
+    const file = participantDir(dir, 'environment', 'env');
+    const manifest = JSON.parse(await readFile(`${file}/${MANIFEST_FILE}`, 'utf8')) as Manifest;
+    const line = (await readFile(`${file}/${manifest.records_file}`, 'utf8')).trimEnd();
+
+    // The coordinator's copy differs from the line: re-encoding it would hand the worker that.
+    const coordinatorCopy = { placed: true, worker: 2, copy: "the coordinator's" };
+    const { one, two } = await restored(dir, [r1], false, {
+      records: {
+        validateRecord: () => {
+          throw new Error('the coordinator decoded a record whole');
+        },
+        validateRawRecord: (record) => ({
+          episode_id: record.episode_id,
+          payload: coordinatorCopy,
+        }),
+        claimedByRequest: () => false,
+      },
+      participant: () => new RawReadingParticipant('env'),
+    });
+    const reading = (w: typeof one) => w.participant as RawReadingParticipant;
+    expect([reading(one).rawLines, reading(two).rawLines]).toEqual([[], [line]]);
+    expect(two.participant.restored.get(captureKey(r1a1))?.payload).toEqual(payload);
   });
 });
 

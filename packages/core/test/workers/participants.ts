@@ -10,7 +10,10 @@ import { join } from 'node:path';
 import { ControlPlane } from '../../src/control/plane.js';
 import { planeTarget } from '../../src/control/routes.js';
 import { type CoordinatorServer, serveCoordinator } from '../../src/workers/coordinator-server.js';
-import { ParticipantCoordinator } from '../../src/workers/participant-coordinator.js';
+import {
+  type CoordinatedRecords,
+  ParticipantCoordinator,
+} from '../../src/workers/participant-coordinator.js';
 import { ParticipantWorker } from '../../src/workers/participant-worker.js';
 import { WorkerLink } from '../../src/workers/worker-link.js';
 import { MemoryLogger, TestParticipant, type TestRecord } from '../support/test-participant.js';
@@ -51,8 +54,17 @@ export interface Participants {
   worker(index: number): Promise<ParticipantsWorker>;
 }
 
+/** What a test may change: the coordinator's records, and each worker's participant. */
+export interface ParticipantsOptions {
+  readonly records?: CoordinatedRecords<TestRecord>;
+  readonly participant?: () => TestParticipant;
+}
+
 /** A coordinator for `expectedWorkers`, its plane (real clock) and its socket server. */
-export async function startParticipants(expectedWorkers: number): Promise<Participants> {
+export async function startParticipants(
+  expectedWorkers: number,
+  options: ParticipantsOptions = {},
+): Promise<Participants> {
   const logger = new MemoryLogger();
   const records = new TestParticipant('records');
   const coordinator = new PlacingCoordinator({
@@ -60,7 +72,7 @@ export async function startParticipants(expectedWorkers: number): Promise<Partic
     instance: 'env',
     expectedWorkers,
     logger,
-    records: {
+    records: options.records ?? {
       validateRecord: (record, key) => records.validateRecord(record, key),
       claimedByRequest: (record) => placementOf(record).placed !== true,
     },
@@ -77,7 +89,7 @@ export async function startParticipants(expectedWorkers: number): Promise<Partic
     rmSync(checkpointRoot, { recursive: true, force: true });
   });
   const worker = async (index: number): Promise<ParticipantsWorker> => {
-    const participant = new TestParticipant('env');
+    const participant = options.participant?.() ?? new TestParticipant('env');
     const link = new WorkerLink({
       socketPath: path,
       index,

@@ -1,0 +1,85 @@
+/**
+ * How the coordinator of an agent server with several workers reads a restored record: a native
+ * session by the fields ahead of its state only (its worker checks the record whole), a legacy
+ * `/run`'s record whole (it stays on the coordinator until a request claims it).
+ */
+import {
+  newRoutingId,
+  type RawRecord,
+  readRawParticipantState,
+  RECORD_FIELDS_JSON,
+  writeParticipantState,
+} from '@ckpt-gym/core/server';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { ep } from '@ckpt-gym/testing';
+
+import { placedRecordOfRaw } from '../src/participant.js';
+
+let root: string;
+beforeEach(async () => {
+  root = await mkdtemp(join(tmpdir(), 'cg-placed-'));
+});
+afterEach(() => rm(root, { recursive: true, force: true }));
+
+/** The records read back raw from a checkpoint whose record of `key` has these fields' text. */
+async function readBack(fields: Record<string, string>): Promise<Map<string, RawRecord>> {
+  await writeParticipantState({
+    checkpointDir: root,
+    kind: 'agent',
+    instance: 'simple_agent',
+    checkpointId: 'c1',
+    records: Object.entries(fields).map(([key, text]) => ({
+      episode_id: ep(key),
+      [RECORD_FIELDS_JSON]: [text],
+    })),
+  });
+  const { records } = await readRawParticipantState<RawRecord>({
+    checkpointDir: root,
+    kind: 'agent',
+    instance: 'simple_agent',
+    select: () => true,
+    validate: (record) => record,
+  });
+  return new Map(records.map((r) => [r.episode_id.rollout_id, r]));
+}
+
+/** A state whose text is not JSON, not even in its structure: reading it fails. */
+const BROKEN_STATE = '"session":{"m": [},"boundary":null,"episode":null';
+
+describe('the agent coordinator reads a restored record', () => {
+  test('a native session is placed by its key and owner; its state and boundaries are not read until asked', async () => {
+    const owner = newRoutingId();
+    const raw = await readBack({ r1: `"session_key":"s1","owner":"${owner}",${BROKEN_STATE}` });
+    const record = placedRecordOfRaw(raw.get('r1')!, 'r1');
+    expect([record.episode_id, record.session_key, record.owner]).toEqual([ep('r1'), 's1', owner]);
+    // Asked, the record is checked whole, as the one-process participant checks it.
+    expect(() => record.boundary).toThrow(
+      expect.objectContaining({ code: 'invalid_checkpoint_state' }),
+    );
+  });
+
+  test('a legacy /run record, and a record written in another order, are checked whole at once', async () => {
+    const raw = await readBack({
+      r1: `"session_key":"run:r1",${BROKEN_STATE}`,
+      r2: `${BROKEN_STATE},"session_key":"s2"`,
+    });
+    for (const key of ['r1', 'r2']) {
+      expect(() => placedRecordOfRaw(raw.get(key)!, key)).toThrow(
+        expect.objectContaining({ code: 'invalid_checkpoint_state' }),
+      );
+    }
+  });
+
+  test('an owner that is not a routing id is refused with a typed error naming the episode', async () => {
+    const raw = await readBack({ r1: `"session_key":"s1","owner":"../x",${BROKEN_STATE}` });
+    expect(() => placedRecordOfRaw(raw.get('r1')!, 'r1')).toThrow(
+      expect.objectContaining({
+        code: 'invalid_checkpoint_state',
+        detail: expect.stringContaining('r1'),
+      }),
+    );
+  });
+});
