@@ -54,7 +54,8 @@ export type SessionState = 'idle' | 'running' | 'at_boundary';
  * The record's fields as the store writes them, from JSON mostly encoded ahead: the boundary's
  * (built once per boundary) and the session state's (by object, see `exportAgentSessions`), whose
  * messages the agent may have encoded once as it added them (`appendEncoded`). None when
- * something is not JSON: the store then reports it against the episode.
+ * something is not JSON: the store then reports it against the episode. The state comes last, so
+ * a restore reads every other field without walking it (`recordOfHead`).
  */
 function recordPieces(
   record: Pick<AgentSessionRecord, 'session_key' | 'episode' | 'owner'>,
@@ -64,12 +65,10 @@ function recordPieces(
   const owner = record.owner === undefined ? '' : `"owner":${encodeJson(record.owner)},`;
   try {
     return [
-      `"session_key":${encodeJson(record.session_key)},${owner}"session":`,
-      ...sessionJson(),
-      ',"boundary":',
+      `"session_key":${encodeJson(record.session_key)},${owner}"boundary":`,
       boundaryJson(),
-      ',"episode":',
-      encodeJson(record.episode),
+      `,"episode":${encodeJson(record.episode)},"session":`,
+      ...sessionJson(),
     ];
   } catch {
     return undefined;
@@ -317,37 +316,60 @@ export function agentRecordOfRaw(record: RawRecord, key: string): AgentSessionRe
 }
 
 /**
- * A record as the coordinator of several workers reads it: a native session by the fields written
- * ahead of its state (session key and owner), which place it; its state and boundaries are checked
- * by the worker it is placed on, which reads the record whole. A legacy `/run`'s record stays on
- * the coordinator until a request claims it, so it is checked whole here (`agentRecordOfRaw`), as
- * is a record written in another order.
+ * A record read back undecoded whose fields other than the state all come ahead of it, as this
+ * participant writes them (`recordPieces`): checked as `agentRecordOf` checks it from those fields
+ * alone, the state decoded when first read (the whole line, by the native parser: locating the
+ * state in JS first would cost more than the few small fields decoded twice). Undefined for a
+ * record written in another order.
+ */
+function recordOfHead(record: RawRecord, key: string): AgentSessionRecord | undefined {
+  const head = record.fieldsBefore('session');
+  if (head === undefined || !Object.hasOwn(head, 'boundary') || !Object.hasOwn(head, 'episode')) {
+    return undefined;
+  }
+  return {
+    ...checkedRecordFields(key, head, true),
+    episode_id: record.episode_id,
+    get session(): JsonValue {
+      return record.decode().session!;
+    },
+    [RAW_RECORD]: record,
+  };
+}
+
+/**
+ * A record as the coordinator of several workers reads it. A native session is placed by its key
+ * and owner, read from the fields ahead of its boundary and its state (this participant writes
+ * them first); the rest is read only if asked, checked then as the one-process participant
+ * checks it, and the worker it is placed on checks it so. Any other record (a legacy `/run`'s,
+ * which stays here until a request claims it) is checked now.
  */
 export function placedRecordOfRaw(record: RawRecord, key: string): AgentSessionRecord {
-  const head = record.fieldsBefore('session');
+  const whole = (): AgentSessionRecord =>
+    recordOfHead(record, key) ?? agentRecordOfRaw(record, key);
+  const head = record.fieldsBefore('boundary', 'session') ?? {};
   const sessionKey = head.session_key;
   if (typeof sessionKey !== 'string' || sessionKey.length === 0 || sessionKey.startsWith('run:')) {
-    return agentRecordOfRaw(record, key);
+    return whole();
   }
   const { owner } = head;
   if (owner !== undefined && !isRoutingId(owner)) {
     throw new CheckpointStateError(`${key}: owner must be a routing id`);
   }
-  // Read here only if asked: checked whole then, as the one-process participant checks it.
-  let whole: AgentSessionRecord | undefined;
-  const checked = (): AgentSessionRecord => (whole ??= agentRecordOfRaw(record, key));
+  let checked: AgentSessionRecord | undefined;
+  const rest = (): AgentSessionRecord => (checked ??= whole());
   return {
     episode_id: record.episode_id,
     session_key: sessionKey,
     ...(owner === undefined ? {} : { owner }),
     get session(): JsonValue {
-      return checked().session;
+      return rest().session;
     },
     get boundary(): JsonObject | null {
-      return checked().boundary;
+      return rest().boundary;
     },
     get episode(): JsonObject | null {
-      return checked().episode;
+      return rest().episode;
     },
     [RAW_RECORD]: record,
   };
@@ -843,12 +865,12 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
       episode_id: s.episode,
       session_key: s.key,
       ...(owner === undefined ? {} : { owner }),
-      session: raw === null ? (state as JsonValue) : null,
       boundary: s.exportedBoundary(),
       episode: s.legacy
         ? (legacy.get(s.key) ??
           (s.restoredPending ? (this.legacyRestored.get(s.key) ?? null) : null))
         : null,
+      session: raw === null ? (state as JsonValue) : null,
     };
     if (raw !== null) {
       // Decoded only if the store must encode the record itself (the pieces failed).
@@ -929,11 +951,18 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     return agentRecordOf(record, key);
   }
 
-  /** A small record is decoded now; a larger one as `agentRecordOfRaw` reads it. */
+  /**
+   * A record as this participant writes it is read from the fields ahead of its state, the state
+   * decoded when first used (`recordOfHead`); one written in another order is decoded now when
+   * small, else read as `agentRecordOfRaw` reads it.
+   */
   validateRawRecord(record: RawRecord, key: string): AgentSessionRecord {
-    return record.bytes.length < DEFER_DECODE_MIN_BYTES
-      ? this.validateRecord(record.decode(), key)
-      : agentRecordOfRaw(record, key);
+    return (
+      recordOfHead(record, key) ??
+      (record.bytes.length < DEFER_DECODE_MIN_BYTES
+        ? this.validateRecord(record.decode(), key)
+        : agentRecordOfRaw(record, key))
+    );
   }
 
   override checkRestore(): void {

@@ -1,7 +1,9 @@
 /**
- * How the coordinator of an agent server with several workers reads a restored record: a native
- * session by the fields ahead of its state only (its worker checks the record whole), a legacy
- * `/run`'s record whole (it stays on the coordinator until a request claims it).
+ * How a restore reads an agent record undecoded. As the agent writes it (its state last), the
+ * coordinator of several workers and each worker (as one process) read it from the fields ahead of
+ * its state, decoding the state at first use. Written in another order, the coordinator places a
+ * native session by the fields ahead of its state only (its worker checks the record whole) and
+ * checks a legacy `/run`'s record whole (it stays on the coordinator until a request claims it).
  */
 import {
   newRoutingId,
@@ -16,7 +18,8 @@ import { join } from 'node:path';
 
 import { ep } from '@ckpt-gym/testing';
 
-import { placedRecordOfRaw } from '../src/participant.js';
+import { AgentParticipant, placedRecordOfRaw } from '../src/participant.js';
+import { type Harness, startStack } from './support/harness.js';
 
 let root: string;
 beforeEach(async () => {
@@ -49,7 +52,35 @@ async function readBack(fields: Record<string, string>): Promise<Map<string, Raw
 /** A state whose text is not JSON, not even in its structure: reading it fails. */
 const BROKEN_STATE = '"session":{"m": [},"boundary":null,"episode":null';
 
-describe('the agent coordinator reads a restored record', () => {
+describe('a restored record as the agent writes it, its state last', () => {
+  let h: Harness | undefined;
+  afterEach(() => h?.close());
+
+  test('is read from the fields ahead of its state, on the coordinator and on a worker; the state is decoded at first read', async () => {
+    const owner = newRoutingId();
+    const raw = await readBack({
+      r1: `"session_key":"s1","owner":"${owner}","boundary":{"step":2},"episode":null,"session":{"m": [}`,
+    });
+    h = await startStack();
+    const worker = h.agent.participant as AgentParticipant;
+    for (const record of [
+      placedRecordOfRaw(raw.get('r1')!, 'r1'),
+      worker.validateRawRecord(raw.get('r1')!, 'r1'),
+    ]) {
+      expect([record.session_key, record.owner, record.boundary, record.episode]).toEqual([
+        's1',
+        owner,
+        { step: 2 },
+        null,
+      ]);
+      expect(() => record.session).toThrow(
+        expect.objectContaining({ code: 'invalid_checkpoint_state' }),
+      );
+    }
+  });
+});
+
+describe('a restored record written in another order, on the agent coordinator', () => {
   test('a native session is placed by its key and owner; its state and boundaries are not read until asked', async () => {
     const owner = newRoutingId();
     const raw = await readBack({ r1: `"session_key":"s1","owner":"${owner}",${BROKEN_STATE}` });

@@ -243,14 +243,17 @@ export function objectMembers(bytes: Buffer, start = 0, end = bytes.length): Obj
 }
 
 /**
- * `objectMembers` of the members ahead of the first one keyed `name` (all, when none is): nothing
- * from that member on is scanned, so small fields written ahead of a large payload are read
- * without walking it. A later duplicate of a member read here is not seen.
+ * `objectMembers` of the members ahead of the first one keyed any of `names` (undefined when none
+ * is): nothing from that member on is scanned, so small fields written ahead of a large payload
+ * are read without walking it. A later duplicate of a member read here is not seen.
  */
-export function objectMembersBefore(bytes: Buffer, name: string): ObjectMember[] {
+export function objectMembersBefore(
+  bytes: Buffer,
+  names: readonly string[],
+): ObjectMember[] | undefined {
   let first = 0;
   while (first < bytes.length && isWhitespace(bytes[first])) first++;
-  return new PieceDecoder(bytes, 0, DECODE_PIECE_BYTES).membersBefore(first, bytes.length, name);
+  return new PieceDecoder(bytes, 0, DECODE_PIECE_BYTES).membersBefore(first, bytes.length, names);
 }
 
 /**
@@ -410,18 +413,21 @@ class PieceDecoder {
     return members;
   }
 
-  /** The members of the object opening at `start`, up to the first keyed `name` (not scanned). */
-  membersBefore(start: number, stop: number, name: string): ObjectMember[] {
+  /**
+   * The members of the object opening at `start` up to the first keyed any of `names` (not
+   * scanned), or undefined when no member is.
+   */
+  membersBefore(start: number, stop: number, names: readonly string[]): ObjectMember[] | undefined {
     if (this.bytes[start] !== OPEN_BRACE) throw this.error('expected an object', start);
     const members: ObjectMember[] = [];
     let pos = this.skipWhitespace(start + 1, stop);
-    if (this.bytes[pos] === CLOSE_BRACE) return members;
+    if (this.bytes[pos] === CLOSE_BRACE) return undefined;
     for (;;) {
       const member = this.member(pos, stop);
-      if (member.key === name) return members;
+      if (names.includes(member.key)) return members;
       members.push(member);
       pos = this.skipWhitespace(member.end, stop);
-      if (this.bytes[pos] === CLOSE_BRACE) return members;
+      if (this.bytes[pos] === CLOSE_BRACE) return undefined;
       if (this.bytes[pos] !== COMMA) throw this.error("expected ',' or '}'", pos);
       pos = this.skipWhitespace(pos + 1, stop);
     }

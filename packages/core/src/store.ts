@@ -660,11 +660,11 @@ export interface RawRecord {
   /** The record's top-level keys in the text's order (a repeated key once), nothing decoded. */
   fieldNames(): string[];
   /**
-   * The top-level fields ahead of the first one keyed `name`, decoded, nothing from it on read
-   * (a later duplicate of one of them is not seen): small fields a writer puts ahead of a large
-   * payload are read without walking the payload.
+   * The top-level fields ahead of the first one keyed any of `names`, decoded, nothing from it on
+   * read (a later duplicate of one of them is not seen): small fields a writer puts ahead of a
+   * large payload are read without walking the payload. Undefined when no field has those names.
    */
-  fieldsBefore(name: string): JsonObject;
+  fieldsBefore(...names: string[]): JsonObject | undefined;
 }
 
 class LazyRecord implements RawRecord {
@@ -691,17 +691,18 @@ class LazyRecord implements RawRecord {
     return [...this.#members.keys()];
   }
 
-  fieldsBefore(name: string): JsonObject {
+  fieldsBefore(...names: string[]): JsonObject | undefined {
     const fields: JsonObject = {};
     if (this.#decoded !== undefined) {
       for (const [key, value] of Object.entries(this.#decoded)) {
-        if (key === name) break;
+        if (names.includes(key)) return fields;
         setOwn(fields, key, value);
       }
-      return fields;
+      return undefined;
     }
-    const members = attempt(this.key, () => objectMembersBefore(this.bytes, name));
-    for (const { key, start, end } of members) {
+    const before = attempt(this.key, () => objectMembersBefore(this.bytes, names));
+    if (before === undefined) return undefined;
+    for (const { key, start, end } of before) {
       setOwn(
         fields,
         key,

@@ -989,19 +989,28 @@ describe('decoding on use (readRawParticipantState)', () => {
     // Not even the payload's structure is sound: a scan of it would fail.
     await handWritten([line('r', 1, ',"session_key":"k1","__proto__":{"o":1},"session":{"m": [}')]);
     const [raw] = (await readRaw()).records as [RawRecord];
-    const head = raw.fieldsBefore('session');
+    const head = raw.fieldsBefore('session')!;
     expect(Object.keys(head)).toEqual(['episode_id', 'session_key', '__proto__']);
     expect(head.session_key).toBe('k1');
     expect(Object.getPrototypeOf(head)).toBe(Object.prototype); // an own field, not the prototype
     expect(() => raw.fieldNames()).toThrow(/episode 'r-a1' is not JSON/);
   });
 
-  test('fieldsBefore() a name the record lacks reads every field; decoded first, it reads the decoded record', async () => {
+  test('fieldsBefore() a name the record lacks is undefined; decoded first, it reads the decoded record', async () => {
     await handWritten([line('r', 1, ',"a":1,"b":[2]')]);
     const [raw] = (await readRaw()).records as [RawRecord];
-    expect(raw.fieldsBefore('absent')).toEqual({ episode_id: episodeId('r', 1), a: 1, b: [2] });
-    raw.decode();
+    expect(raw.fieldsBefore('absent')).toBeUndefined();
     expect(raw.fieldsBefore('b')).toEqual({ episode_id: episodeId('r', 1), a: 1 });
+    raw.decode();
+    expect(raw.fieldsBefore('absent')).toBeUndefined();
+    expect(raw.fieldsBefore('b')).toEqual({ episode_id: episodeId('r', 1), a: 1 });
+  });
+
+  test('fieldsBefore() several names stops at the first field keyed any of them', async () => {
+    await handWritten([line('r', 1, ',"a":1,"b":{"m": [},"c":2')]);
+    const [raw] = (await readRaw()).records as [RawRecord];
+    expect(raw.fieldsBefore('c', 'b')).toEqual({ episode_id: episodeId('r', 1), a: 1 });
+    expect(raw.fieldsBefore('absent', 'a')).toEqual({ episode_id: episodeId('r', 1) });
   });
 
   test("fieldBytes() gives a top-level field's text as it lies in the record, decoded or not", async () => {
