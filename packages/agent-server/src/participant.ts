@@ -622,9 +622,13 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
     if (s) this.used(s);
   }
 
-  /** A request used the restored session: it is no longer pending. */
+  /**
+   * A request used the restored session: it is no longer pending, and its record read back
+   * undecoded is let go (only an unused session is written back from it).
+   */
   private used(s: Session): void {
     s.restoredPending = false;
+    s.raw = null;
     this.dropUnused(s);
   }
 

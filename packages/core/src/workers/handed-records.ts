@@ -162,8 +162,9 @@ function encodedLine(record: CheckpointRecord): Pieces {
 }
 
 /**
- * The lines a coordinator handed, each a view of the bytes with its episode. An index that does
- * not cover the bytes exactly fails the install.
+ * The lines a coordinator handed, each with its episode and a copy of its bytes (as the store's
+ * raw read copies each line): a session kept undecoded holds its own line, not the whole message.
+ * An index that does not cover the bytes exactly fails the install.
  */
 export function handedLines(index: readonly HandedRecord[], bytes: Uint8Array): InstalledLine[] {
   const whole = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
@@ -173,7 +174,7 @@ export function handedLines(index: readonly HandedRecord[], bytes: Uint8Array): 
     if (!Number.isSafeInteger(length) || length < 0 || at + length > whole.length) break;
     lines.push({
       episode: episodeIdFromJson(head.episode_id),
-      line: whole.subarray(at, at + length),
+      line: Buffer.from(whole.subarray(at, at + length)),
     });
     at += length;
   }

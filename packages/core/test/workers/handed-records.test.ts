@@ -101,6 +101,8 @@ describe("a coordinator's handed lines", () => {
     const asRead = Buffer.from(`${fileLines[0]!} `); // not what encoding would give: handed as read
     const { index, bytes } = handLines(records, (r) => (r === records[0] ? asRead : undefined));
     const lines = handedLines(index, bytes);
+    // Each line is its own copy: a session kept undecoded does not hold the whole message.
+    bytes.fill(0);
     expect(lines.map((l) => l.episode)).toEqual(records.map((r) => r.episode_id));
     expect(lines.map((l) => l.line.toString())).toEqual([
       asRead.toString(),
