@@ -349,7 +349,11 @@ export function placedRecordOfRaw(record: RawRecord, key: string): AgentSessionR
     recordOfHead(record, key) ?? agentRecordOfRaw(record, key);
   const head = record.fieldsBefore('boundary', 'session') ?? {};
   const sessionKey = head.session_key;
-  if (typeof sessionKey !== 'string' || sessionKey.length === 0 || sessionKey.startsWith('run:')) {
+  if (
+    typeof sessionKey !== 'string' ||
+    sessionKey.length === 0 ||
+    isLegacyRecord({ session_key: sessionKey })
+  ) {
     return whole();
   }
   const { owner } = head;
@@ -956,17 +960,15 @@ export class AgentParticipant extends BaseParticipant<AgentSessionRecord> {
   }
 
   /**
-   * A record as this participant writes it is read from the fields ahead of its state, the state
-   * decoded when first used (`recordOfHead`); one written in another order is decoded now when
-   * small, else read as `agentRecordOfRaw` reads it.
+   * A small record is decoded now (one native parse costs less than scanning its fields in JS). A
+   * larger one written as this participant writes it is read from the fields ahead of its state,
+   * the state decoded when first used (`recordOfHead`); one in another order as
+   * `agentRecordOfRaw` reads it.
    */
   validateRawRecord(record: RawRecord, key: string): AgentSessionRecord {
-    return (
-      recordOfHead(record, key) ??
-      (record.bytes.length < DEFER_DECODE_MIN_BYTES
-        ? this.validateRecord(record.decode(), key)
-        : agentRecordOfRaw(record, key))
-    );
+    if (record.bytes.length < DEFER_DECODE_MIN_BYTES)
+      return this.validateRecord(record.decode(), key);
+    return recordOfHead(record, key) ?? agentRecordOfRaw(record, key);
   }
 
   override checkRestore(): void {

@@ -6,6 +6,7 @@
  * checks a legacy `/run`'s record whole (it stays on the coordinator until a request claims it).
  */
 import {
+  DEFER_DECODE_MIN_BYTES,
   newRoutingId,
   type RawRecord,
   readRawParticipantState,
@@ -56,10 +57,11 @@ describe('a restored record as the agent writes it, its state last', () => {
   let h: Harness | undefined;
   afterEach(() => h?.close());
 
-  test('is read from the fields ahead of its state, on the coordinator and on a worker; the state is decoded at first read', async () => {
+  test('is read from the fields ahead of its state, on the coordinator and on a worker (a record past the size decoded at once); the state is decoded at first read', async () => {
     const owner = newRoutingId();
+    const pad = 'x'.repeat(DEFER_DECODE_MIN_BYTES);
     const raw = await readBack({
-      r1: `"session_key":"s1","owner":"${owner}","boundary":{"step":2},"episode":null,"session":{"m": [}`,
+      r1: `"session_key":"s1","owner":"${owner}","boundary":{"step":2},"episode":null,"session":{"pad":"${pad}","m": [}`,
     });
     h = await startStack();
     const worker = h.agent.participant as AgentParticipant;
@@ -77,6 +79,25 @@ describe('a restored record as the agent writes it, its state last', () => {
         expect.objectContaining({ code: 'invalid_checkpoint_state' }),
       );
     }
+  });
+});
+
+describe('a restored record under the size decoded at once, on a worker or one process', () => {
+  let h: Harness | undefined;
+  afterEach(() => h?.close());
+
+  test('is decoded whole as it is read: a state that is not JSON fails the read, naming the episode', async () => {
+    const raw = await readBack({
+      r1: `"session_key":"s1","boundary":{"step":2},"episode":null,"session":{"m": [}`,
+    });
+    h = await startStack();
+    const participant = h.agent.participant as AgentParticipant;
+    expect(() => participant.validateRawRecord(raw.get('r1')!, 'r1')).toThrow(
+      expect.objectContaining({
+        code: 'invalid_checkpoint_state',
+        detail: expect.stringContaining('r1'),
+      }),
+    );
   });
 });
 
