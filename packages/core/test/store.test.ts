@@ -958,6 +958,17 @@ describe('decoding on use (readRawParticipantState)', () => {
     expect(first.decode()).toBe(first.decode()); // decoded once
   });
 
+  test('every line read undecoded stays its own after the read, in a file of several read chunks', async () => {
+    // About 2.5 read chunks of records, each its own text: a read that reused its chunk buffers
+    // under the lines it kept would leave earlier lines holding later bytes.
+    const input = Array.from({ length: 60 }, (_, i) =>
+      record(`r${i}`, 0, { text: String.fromCharCode(97 + (i % 26)).repeat(90_000 + i) }),
+    );
+    await write(input);
+    const { records } = await readRaw();
+    expect(records.map((r) => r.decode())).toEqual(input);
+  });
+
   test('a payload that is not JSON restores, and its decode() is a typed error naming the episode', async () => {
     await handWritten([line('good', 0, ',"v":1'), line('bad', 1, ',"v": not JSON')]);
     // The eager read refuses the file; the raw one has verified everything but the payload.
