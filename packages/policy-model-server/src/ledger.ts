@@ -162,6 +162,12 @@ function createExclusiveNow(path: string): void {
   }
 }
 
+/**
+ * A file's content: a string, or pieces written one after another. Either goes to the kernel as
+ * it is (a string encoded natively, pieces as one gathered write), not copied into a buffer first.
+ */
+type FileText = string | readonly Uint8Array[];
+
 /** One byte, read past what `overwriteNow` wrote to learn whether the file goes on. */
 const PROBE = Buffer.alloc(1);
 
@@ -205,12 +211,6 @@ function openToAppendNow(path: string): number | undefined {
     throw err;
   }
 }
-
-/**
- * A file's content: a string, or pieces written one after another. Either goes to the kernel as
- * it is (a string encoded natively, pieces as one gathered write), not copied into a buffer first.
- */
-type FileText = string | readonly Uint8Array[];
 
 /**
  * Writes `text` from the start of `fd`; returns its length in bytes. libuv completes a short
