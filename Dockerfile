@@ -31,6 +31,9 @@ ENV NODE_ENV=production
 # initial old generation: a fresh process restores without full collections on the way); in the
 # environment, so the workers a server with num_workers forks (re-running the same bin) get it too.
 ENV NODE_OPTIONS=--max-semi-space-size=64 --initial-old-space-size=128
+# The launcher's SERVER_GLIBC_TUNABLE: malloc on transparent huge pages (fewer page faults in a
+# checkpoint's buffers).
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 WORKDIR /app
 COPY package.json package-lock.json ./
 COPY packages/core/package.json packages/core/

@@ -46,6 +46,7 @@ export {
   parentPid,
   RESOLVED_STACK_FILE,
   RUN_FILE,
+  SERVER_GLIBC_TUNABLE,
   SERVER_NODE_FLAGS,
   type StackHandle,
 } from './launcher.js';

@@ -7,7 +7,13 @@ import { basename, join } from 'node:path';
 
 import { parse } from 'yaml';
 
-import { healthUrl, launchOrder, loadStack, SERVER_NODE_FLAGS } from '../src/index.js';
+import {
+  healthUrl,
+  launchOrder,
+  loadStack,
+  SERVER_GLIBC_TUNABLE,
+  SERVER_NODE_FLAGS,
+} from '../src/index.js';
 import { REPO } from './support/build.js';
 
 const STACK_IN_IMAGE = '/app/examples/compose.yaml';
@@ -77,10 +83,11 @@ test('every service has init, a stop grace period, the shared volume and the tok
   expect(stack.tokenCapture.dir.startsWith('/data/')).toBe(true);
 });
 
-test("the image runs every node process with the launcher's server flags", () => {
+test("the image runs every node process with the launcher's server flags and malloc tunable", () => {
   const dockerfile = readFileSync(join(REPO, 'Dockerfile'), 'utf8');
   const runtime = dockerfile.slice(dockerfile.indexOf(' AS runtime'));
   expect(/^ENV NODE_OPTIONS=(.*)$/m.exec(runtime)?.[1]?.split(' ')).toEqual(SERVER_NODE_FLAGS);
+  expect(/^ENV GLIBC_TUNABLES=(.*)$/m.exec(runtime)?.[1]).toBe(SERVER_GLIBC_TUNABLE);
 });
 
 test("every server's port is published on 127.0.0.1, the same port on the host", () => {

@@ -16,6 +16,7 @@ import {
   freePort,
   isServerProcess,
   RUN_FILE,
+  SERVER_GLIBC_TUNABLE,
   SERVER_NODE_FLAGS,
   weatherTask,
 } from '../src/index.js';
@@ -78,12 +79,19 @@ test('up, status, checkpoint, crash, up again, restore, down on a real stack', a
     'environment',
   ]);
   expect(servers.every((s) => isAlive(s.pid))).toBe(true);
-  // Each server runs node with the launcher's flags (a larger young generation).
+  // Each server runs node with the launcher's flags (a larger young generation) and its malloc
+  // on transparent huge pages.
   for (const s of servers) {
     const argv = readFileSync(`/proc/${s.pid}/cmdline`, 'utf8').split('\0');
     expect([s.name, argv.slice(1, 1 + SERVER_NODE_FLAGS.length)]).toEqual([
       s.name,
       SERVER_NODE_FLAGS,
+    ]);
+    const environ = readFileSync(`/proc/${s.pid}/environ`, 'utf8').split('\0');
+    const tunables = environ.find((v) => v.startsWith('GLIBC_TUNABLES=')) ?? '';
+    expect([s.name, tunables.slice('GLIBC_TUNABLES='.length).split(':')]).toEqual([
+      s.name,
+      expect.arrayContaining([SERVER_GLIBC_TUNABLE]),
     ]);
   }
   const resolved = join(dir, 'run', 'stack.yaml');
