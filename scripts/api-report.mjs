@@ -1,3 +1,4 @@
+/* global console, process */
 // The public API check: api-extractor compares each entry point's declarations with its committed
 // report (`packages/*/api/<entry>.api.md`) and fails when they differ, so an API change is always a
 // reviewed change to the report. `--update` rewrites the reports instead (run after `npm run build`).

@@ -1,3 +1,4 @@
+/* global console, process */
 // `npm run bench -- <name> [flags]`: runs bench/<name>.mjs against the built packages.
 // Each benchmark prints a table and writes JSON under bench/results/. Without a name, lists them.
 import { spawnSync } from 'node:child_process';

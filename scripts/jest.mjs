@@ -1,3 +1,4 @@
+/* global process */
 // Runs jest for the package in the current directory with native ESM, and writes its JSON results
 // under <repo>/.test-results/ so scripts/run-tests.mjs can report one total for the whole repo.
 import { spawnSync } from 'node:child_process';

@@ -1,3 +1,4 @@
+/* global console, process */
 // `npm test`: every package's tests through turbo, then one closing line with the totals.
 // Fails when any test failed, when a package's run failed, or when no test ran at all.
 import { spawnSync } from 'node:child_process';

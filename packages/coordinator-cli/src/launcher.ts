@@ -57,6 +57,9 @@ export const SERVER_NODE_FLAGS: readonly string[] = [
   '--initial-old-space-size=128',
 ];
 
+/** The huge-page tunable's name: a user who sets it in their own `GLIBC_TUNABLES` keeps their value. */
+const HUGETLB_TUNABLE = 'glibc.malloc.hugetlb';
+
 /**
  * glibc's malloc on transparent huge pages (glibc 2.35 and later; older ones ignore it, and where
  * huge pages are off it changes nothing): buffers' memory then comes in 2 MB pages instead of
@@ -67,7 +70,7 @@ export const SERVER_NODE_FLAGS: readonly string[] = [
  * 0.53/0.60/0.88 s (three alternating pairs; the 0.88 run had a worker's full collection in it).
  * Resident memory unchanged.
  */
-export const SERVER_GLIBC_TUNABLE = 'glibc.malloc.hugetlb=1';
+export const SERVER_GLIBC_TUNABLE = `${HUGETLB_TUNABLE}=1`;
 
 /**
  * A server process's environment: `env`, with `SERVER_GLIBC_TUNABLE` added to its
@@ -75,8 +78,9 @@ export const SERVER_GLIBC_TUNABLE = 'glibc.malloc.hugetlb=1';
  */
 export function serverEnv(env: NodeJS.ProcessEnv): NodeJS.ProcessEnv {
   const tunables = env.GLIBC_TUNABLES ?? '';
-  const name = SERVER_GLIBC_TUNABLE.slice(0, SERVER_GLIBC_TUNABLE.indexOf('=') + 1);
-  if (tunables.split(':').some((tunable) => tunable.startsWith(name))) return env;
+  if (tunables.split(':').some((tunable) => tunable.startsWith(`${HUGETLB_TUNABLE}=`))) {
+    return env;
+  }
   const GLIBC_TUNABLES =
     tunables === '' ? SERVER_GLIBC_TUNABLE : `${tunables}:${SERVER_GLIBC_TUNABLE}`;
   return { ...env, GLIBC_TUNABLES };

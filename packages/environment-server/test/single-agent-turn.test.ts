@@ -1,6 +1,3 @@
-import { Writable } from 'node:stream';
-
-import { createLogger } from '@ckpt-gym/core/server';
 import got from 'got';
 
 import type { EnvironmentProtocol } from '../src/protocol.js';
@@ -10,6 +7,7 @@ import {
   send,
   AGENT_RESPONSE,
   Gate,
+  MemoryLogger,
   OBSERVATIONS,
   until,
 } from '@ckpt-gym/testing';
@@ -235,16 +233,7 @@ describe('single_agent_turn failures', () => {
   });
 
   it('logs an agent close its cleanup timeout stopped with the close’s target and where its time went', async () => {
-    const lines: Record<string, unknown>[] = [];
-    const stream = new Writable({
-      write(chunk: Buffer, _encoding, done) {
-        for (const line of chunk.toString('utf8').split('\n').filter(Boolean)) {
-          lines.push(JSON.parse(line) as Record<string, unknown>);
-        }
-        done();
-      },
-    });
-    const logger = createLogger({ server: 'env', kind: 'environment', level: 'warn', stream });
+    const logger = new MemoryLogger();
     await using x = await start({ cleanupTimeoutSeconds: 0.3, logger });
     x.agent.on('/v1/agent_sessions/close', { gate: new Gate() });
     const reply = await x.run(runBody('r1'));
@@ -252,11 +241,13 @@ describe('single_agent_turn failures', () => {
       stage: 'cleanup',
       failure_reason: expect.stringContaining('TimeoutError'),
     });
-    expect(lines.find((l) => l.message === 'upstream call timed out')).toMatchObject({
+    expect(logger.lines.find((l) => l.message === 'upstream call timed out')).toMatchObject({
       level: 'warn',
-      target: `${x.agent.url}/ng-rollout/r1/v1/agent_sessions/close`,
-      sent_ms: expect.any(Number),
-      reply_ms: null,
+      meta: {
+        target: `${x.agent.url}/ng-rollout/r1/v1/agent_sessions/close`,
+        sent_ms: expect.any(Number),
+        reply_ms: null,
+      },
     });
   });
 
