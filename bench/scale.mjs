@@ -46,6 +46,7 @@ import { PREPARE_ORDER } from '@ckpt-gym/core/server';
 
 import { benchFlags, integerFlag } from './lib/flags.mjs';
 import { restoreFloor } from './lib/floor.mjs';
+import { forwardAndAccessLines, forwardWaits, printForwardWaits } from './lib/forwards.mjs';
 import { netdevMaxBacklog, networkCounters, networkCountersSince } from './lib/network.mjs';
 import { cpuProfileEnv, toggleProfilesOf } from './lib/profile.mjs';
 import {
@@ -226,6 +227,25 @@ function commitOverSlowest(commitS, timings) {
   if (totals.length === 0) return null;
   const [server, total_ms] = totals[0];
   return { slowest: server, total_ms, outside_ms: Math.round(commitS * 1000 - total_ms) };
+}
+
+/**
+ * Where each server's forwards between its workers waited (`lib/forwards.mjs`), for the servers
+ * whose logs have forward lines (CKPT_GYM_LOG_LEVEL=debug and several workers).
+ */
+function stackForwardWaits(handle) {
+  const byServer = {};
+  for (const server of handle.servers.values()) {
+    let lines;
+    try {
+      lines = forwardAndAccessLines(server.logPath);
+    } catch {
+      continue;
+    }
+    const waits = forwardWaits(lines);
+    if (Object.keys(waits).length > 0) byServer[server.name] = waits;
+  }
+  return byServer;
 }
 
 /**
@@ -615,6 +635,8 @@ async function main() {
           `  ${result.restore_over_floor[name].toFixed(2).padStart(15)}  ${slowest}: ${steps}`,
       );
     }
+    result.forward_waits_ms = stackForwardWaits(handle);
+    printForwardWaits(result.forward_waits_ms);
     console.log(`targets: ${JSON.stringify(result.targets)}`);
     mkdirSync(dirname(OUT), { recursive: true });
     writeFileSync(OUT, `${JSON.stringify(result, null, 2)}\n`);
