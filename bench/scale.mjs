@@ -522,9 +522,20 @@ async function main() {
     // --profile-replacements: every process profiled while the replacements run.
     const profiledInReplacements = replacementProfiles ? freshMembers : [];
     toggleProfilesOf(profiledInReplacements);
-    const replies = await time('replacements', () =>
-      Promise.all(exported.map((key) => run(parseCaptureKey(key).rollout_id, 1))),
-    );
+    const replies = await time('replacements', async () => {
+      const { value, spent, kernel } = await cpuDuring(freshMembers, () =>
+        Promise.all(exported.map((key) => run(parseCaptureKey(key).rollout_id, 1))),
+      );
+      cpuMs.replacements = spent;
+      cpuMs['replacements, kernel only'] = kernel;
+      cpuMs['replacements, per rollout'] = Object.fromEntries(
+        Object.entries(spent).map(([server, ms]) => [
+          server,
+          Math.round((ms / exported.length) * 100) / 100,
+        ]),
+      );
+      return value;
+    });
     toggleProfilesOf(profiledInReplacements);
     for (const member of profiledInReplacements)
       console.error(`profile ${member.pid}.cpuprofile: ${processLabel(member)}`);
