@@ -3,7 +3,7 @@
  * SDK's span (limits checked and attributes copied twice at start, three time pairs, a status and
  * span-context object, metrics callbacks, a dozen objects that live until the batch is exported)
  * costs a server several times what the request needs. This one keeps its name, ids, attributes
- * and two clock readings, and turns them into the SDK's `ReadableSpan` only when its batch is
+ * and two times (epoch ms), and turns them into the SDK's `ReadableSpan` only when its batch is
  * exported: the same sampler, span processor, resource and scope as the SDK's own spans, so the
  * batch processor and OTLP exporter see one kind of span.
  */
@@ -91,11 +91,6 @@ export class SpanBatch {
 
 const NONE: readonly never[] = Object.freeze([]);
 
-/** Now, in epoch milliseconds at the monotonic clock's resolution. */
-export function nowMs(): number {
-  return performance.timeOrigin + performance.now();
-}
-
 /** A time a caller passed, in epoch milliseconds. */
 function epochMs(time: TimeInput): number {
   const [seconds, nanos] = timeInputToHrTime(time);
@@ -159,7 +154,7 @@ class ServerSpan implements Span, ReadableSpan {
     (this.#events ??= []).push({
       name,
       attributes,
-      time: millisToHrTime(at === undefined ? nowMs() : epochMs(at)),
+      time: millisToHrTime(at === undefined ? Date.now() : epochMs(at)),
       droppedAttributesCount: 0,
     });
     return this;
@@ -191,7 +186,7 @@ class ServerSpan implements Span, ReadableSpan {
 
   end(endTime?: TimeInput): void {
     if (this.ended) return;
-    this.#endMs = Math.max(this.#startMs, endTime === undefined ? nowMs() : epochMs(endTime));
+    this.#endMs = Math.max(this.#startMs, endTime === undefined ? Date.now() : epochMs(endTime));
     this.#recorder.processor.onEnd(this);
   }
 
@@ -259,7 +254,7 @@ export function startServerSpan(
   name: string,
   attributes: Attributes,
   parent: Context,
-  startMs = nowMs(),
+  startMs = Date.now(),
 ): Span {
   if (isTracingSuppressed(parent)) return trace.wrapSpanContext(INVALID_SPAN_CONTEXT);
   const parentContext = trace.getSpanContext(parent);

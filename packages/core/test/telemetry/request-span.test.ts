@@ -47,6 +47,26 @@ describe('a request span', () => {
     expect(sampled).toHaveBeenCalledTimes(1);
   });
 
+  it('is timed as the SDK times its spans: the wall clock at its start, however far the monotonic clock has drifted', async () => {
+    const { recorder, exported } = spiedRecorder();
+    const monotonic = performance.now.bind(performance);
+    const drifted = jest.spyOn(performance, 'now').mockImplementation(() => monotonic() + 5_000);
+    try {
+      const opened = Date.now();
+      const request = new RequestSpan(recorder, 'POST', '/verify', {}, undefined);
+      await sleep(20);
+      request.end(200);
+      const ended = Date.now();
+      recorder.batch.flush();
+      const [span] = exported() as [ReadableSpan];
+      expect(hrTimeToMilliseconds(span.startTime)).toBeGreaterThanOrEqual(opened);
+      expect(hrTimeToMilliseconds(span.endTime)).toBeLessThanOrEqual(ended + 1);
+      expect(hrTimeToMilliseconds(span.duration)).toBeGreaterThanOrEqual(15);
+    } finally {
+      drifted.mockRestore();
+    }
+  });
+
   it('without a call is started at its end, timed from the request’s start, with its status', async () => {
     const { recorder, sampled, exported } = spiedRecorder();
     const episode = episodeId('r-1', 2);
