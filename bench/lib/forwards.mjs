@@ -9,7 +9,7 @@
 // worker saw it). docs/workers.md reads them.
 import { readFileSync } from 'node:fs';
 
-import { percentile } from './percentile.mjs';
+import { percentiles } from './percentile.mjs';
 
 const ROLLOUT_PREFIX = /^\/ng-rollout\/[^/]+/;
 const LEGS = ['connect', 'to_app', 'app', 'back', 'total'];
@@ -31,14 +31,9 @@ export function forwardAndAccessLines(logPath) {
 /** p50 / p90 / p99 / max of `values`, rounded to the ms (null when empty). */
 function spread(values) {
   if (values.length === 0) return null;
-  const sorted = [...values].sort((a, b) => a - b);
-  const round = (v) => Math.round(v);
-  return {
-    p50: round(percentile(sorted, 50)),
-    p90: round(percentile(sorted, 90)),
-    p99: round(percentile(sorted, 99)),
-    max: round(sorted.at(-1)),
-  };
+  const max = values.reduce((a, b) => Math.max(a, b));
+  const figures = { ...percentiles(values), max };
+  return Object.fromEntries(Object.entries(figures).map(([k, v]) => [k, Math.round(v)]));
 }
 
 /**
