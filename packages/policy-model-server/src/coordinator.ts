@@ -10,6 +10,10 @@
  *   worker handed and handles no row's text): one lost since admission closed, or fewer
  *   answering than expected, fails the export — final for the checkpoint (core's commit work
  *   keeps the failure).
+ * - Once it is ready with admission closed, it asks every worker for its pre-snapshot (every
+ *   ledger it appended), so the bulk of the ledgers' bytes crosses before the commit; the
+ *   commit's snapshots then hand only what changed since. Without a pre-snapshot (it failed, or
+ *   is of an earlier generation) a worker's snapshot hands everything, as before.
  * - A worker claims a restored cut (`claim_cut`) and reports a restored attempt started
  *   (`started`) and its first call (`served`) as immediate messages, answered before any later
  *   message of that worker.
@@ -31,6 +35,7 @@ import {
   type WorkerInfo,
   type WorkerReport,
   type WorkerStatus,
+  type WithBytes,
 } from '@ckpt-gym/core/server';
 
 import { parseCutRecord } from './cuts.js';
@@ -69,6 +74,8 @@ export const POLICY_MESSAGES = {
   served: 'served',
   /** Coordinator → worker: what you hold (admission is closed). */
   snapshot: 'snapshot',
+  /** Coordinator → worker, once ready with admission closed: every ledger you appended. */
+  presnapshot: 'presnapshot',
 } as const;
 
 export interface PolicyCoordinatorOptions {
@@ -91,6 +98,11 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
   /** Workers that had left when admission last closed. */
   #departedAtClose = 0;
   readonly #generationCuts: boolean;
+  /** The workers' pre-snapshots of admission generation `generation`, by worker index. */
+  #presnapshots: {
+    generation: number;
+    replies: Promise<Map<number, JsonValue | WithBytes>>;
+  } | null = null;
 
   constructor(options: PolicyCoordinatorOptions) {
     super({
@@ -159,18 +171,66 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
     await super.closeAdmission(request);
   }
 
+  override async openAdmission(): Promise<void> {
+    this.#presnapshots = null;
+    await super.openAdmission();
+  }
+
+  /** Every change may make it ready: the first time in a closed generation, pre-snapshot. */
+  protected override notifyChange(): void {
+    super.notifyChange();
+    const generation = this.generation;
+    if (this.accepting || this.#presnapshots?.generation === generation || !this.ready()) return;
+    this.#presnapshots = { generation, replies: this.#askPresnapshots(generation) };
+  }
+
+  /**
+   * Every worker's pre-snapshot, handed while the prepare's reply and the controller's next calls
+   * are under way; none when a worker fails to hand one (the commit's snapshots then hand all).
+   */
+  async #askPresnapshots(generation: number): Promise<Map<number, JsonValue | WithBytes>> {
+    // After the plane's prepare reply, which readiness just released, is on its way.
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    const started = performance.now();
+    try {
+      const replies = await this.broadcast(POLICY_MESSAGES.presnapshot, { generation });
+      const ms = Math.round(performance.now() - started);
+      this.logger.debug("the policy workers' pre-snapshots arrived", { ms });
+      return replies;
+    } catch (err) {
+      this.logger.warn('a policy worker did not hand its pre-snapshot', { error: String(err) });
+      return new Map();
+    }
+  }
+
   async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
     const episodes = checkedScope(scope);
     // Workers are closed, so what they hold is stable: fetch it once.
     const keys = episodes.map((episode) => captureKey(episode));
-    const replies = await this.broadcast(POLICY_MESSAGES.snapshot, { keys });
+    const generation = this.generation;
+    const pre =
+      this.#presnapshots?.generation === generation
+        ? await this.#presnapshots.replies
+        : new Map<number, JsonValue | WithBytes>();
+    const messages = new Map(
+      this.workers().map((w) => [
+        w.index,
+        {
+          kind: POLICY_MESSAGES.snapshot,
+          body: pre.has(w.index) ? { keys, presnapshot: generation } : { keys },
+        },
+      ]),
+    );
+    const replies = await this.callEach(messages);
     checkSnapshots(
       this.expectedWorkers,
       replies.size,
       this.departedWorkers > this.#departedAtClose,
     );
     const handed = new HandedLedgers();
-    const snapshots = [...replies.values()].map((reply) => snapshotOf(reply, handed));
+    const snapshots = [...replies].map(([index, reply]) =>
+      snapshotOf(reply, handed, pre.get(index)),
+    );
     const { undelivered, cuts } = mergeSnapshots(snapshots, this.#cuts.held);
     const ledger = await this.#ledger;
     return exportModelRecords(ledger, episodes, {

@@ -383,6 +383,13 @@ export interface AppendedLedger {
   readonly rows: readonly JsonObject[];
   /** The codec's text of each row (`lines[i]` encodes `rows[i]`). */
   readonly lines: readonly string[];
+  /** The file as these rows were known: equal stamps of one key mean the same rows. */
+  readonly stamp: string;
+}
+
+function appendedLedger(key: string, known: KnownLedger, lines: string[]): AppendedLedger {
+  const stamp = `${known.size}:${known.mtimeNs}:${known.rows.length}`;
+  return { key, rows: known.rows, lines, stamp };
 }
 
 /** A ledger's rows, with the JSON text the codec writes for each (`lines[i]` encodes `rows[i]`). */
@@ -692,7 +699,21 @@ export class CaptureLedger {
         throwIfNoEntry: false,
       });
       if (now?.size !== known.size || now.mtimeNs !== known.mtimeNs) continue;
-      out.push({ key, rows: known.rows, lines: known.lines });
+      out.push(appendedLedger(key, known, known.lines));
+    }
+    return out;
+  }
+
+  /**
+   * Every ledger this process knows with its lines, as it knew it: no file is looked at, so a
+   * caller checks them later with `appendedNow` (equal stamps: the same rows).
+   */
+  knownAppended(): AppendedLedger[] {
+    const out: AppendedLedger[] = [];
+    for (const [key, known] of this.#known) {
+      if (known.lines !== undefined && known.rows.length > 0) {
+        out.push(appendedLedger(key, known, known.lines));
+      }
     }
     return out;
   }

@@ -9,6 +9,9 @@
  * - with its snapshot a worker hands the in-scope ledgers it appended as their lines' bytes and
  *   an index (each row's call id and staging key, and length), so the coordinator leaves out
  *   undelivered calls and writes the records without reading a ledger or handling a row's text;
+ * - a worker hands every ledger it appended once its coordinator is ready (the pre-snapshot), so
+ *   the commit's snapshot hands only the ledgers changed since and names those the pre-snapshot
+ *   no longer speaks for (`snapshotDelta`);
  * - restored attempts stop being pending at their first admitted call on any worker, and only the
  *   first reopen after an install hands the workers its attempts;
  * - a restored cut has one owner: a worker claims it before its call runs, a call that used it
@@ -41,7 +44,21 @@ export interface PolicyWorkerSnapshot {
   readonly cuts: readonly KeptCut[];
   /** The index of the ledger rows handed as the reply's bytes (absent: none handed). */
   readonly ledgers?: HandedLedgerIndex;
+  /**
+   * Present when the snapshot completes the worker's pre-snapshot of this admission generation:
+   * the pre-snapshot's ledgers count too, but for the keys in `dropped`.
+   */
+  readonly presnapshot?: number;
+  readonly dropped?: readonly string[];
 }
+
+/** What a worker hands once its coordinator is ready: every ledger it appended (plain JSON). */
+export interface PolicyWorkerPresnapshot {
+  readonly ledgers: HandedLedgerIndex;
+}
+
+/** A ledger as `handLedgers` hands it: its key, rows and their lines. */
+export type HandableLedger = Pick<AppendedLedger, 'key' | 'rows' | 'lines'>;
 
 /**
  * The index of the ledger rows a worker hands with its snapshot; their texts are the reply's
@@ -60,14 +77,57 @@ export interface HandedLedgerIndex {
   readonly lengths: readonly number[];
 }
 
-/** A worker's snapshot reply: its JSON, and the ledgers it handed (added to `handed`). */
-export function snapshotOf(reply: unknown, handed: HandedLedgers): PolicyWorkerSnapshot {
-  const withBytes = reply instanceof WithBytes;
-  const snapshot = (withBytes ? reply.body : reply) as unknown as PolicyWorkerSnapshot;
-  if (snapshot.ledgers !== undefined) {
-    handed.add(snapshot.ledgers, withBytes ? reply.bytes : new Uint8Array());
+/**
+ * A worker's snapshot reply: its JSON, and the ledgers it handed (added to `handed`), with those of
+ * its pre-snapshot (`pre`) it did not drop when the reply completes one. A reply that completes a
+ * pre-snapshot the coordinator does not hold fails the export.
+ */
+export function snapshotOf(
+  reply: unknown,
+  handed: HandedLedgers,
+  pre?: unknown,
+): PolicyWorkerSnapshot {
+  const { body: snapshot, bytes } = bodyAndBytes<PolicyWorkerSnapshot>(reply);
+  if (snapshot.ledgers !== undefined) handed.add(snapshot.ledgers, bytes);
+  if (snapshot.presnapshot !== undefined) {
+    if (pre === undefined) {
+      throw new CheckpointError(
+        "a policy worker's snapshot completes a pre-snapshot never received",
+      );
+    }
+    const { body, bytes: preBytes } = bodyAndBytes<PolicyWorkerPresnapshot>(pre);
+    handed.add(body.ledgers, preBytes, new Set(snapshot.dropped));
   }
   return snapshot;
+}
+
+function bodyAndBytes<T>(reply: unknown): { body: T; bytes: Uint8Array } {
+  return reply instanceof WithBytes
+    ? { body: reply.body as unknown as T, bytes: reply.bytes }
+    : { body: reply as T, bytes: new Uint8Array() };
+}
+
+/**
+ * What the commit's snapshot of `keys` hands against a pre-snapshot that handed `pre` (each key's
+ * stamp): the ledgers appended or changed since (`changed`), and the keys the pre-snapshot no
+ * longer speaks for (`dropped`: changed, or no longer known as appended, so read from disk).
+ */
+export function snapshotDelta<L extends Pick<AppendedLedger, 'key' | 'stamp'>>(
+  pre: ReadonlyMap<string, string>,
+  current: readonly L[],
+  keys: readonly string[],
+): { changed: L[]; dropped: string[] } {
+  const now = new Map(current.map((ledger) => [ledger.key, ledger]));
+  const changed: L[] = [];
+  const dropped: string[] = [];
+  for (const key of keys) {
+    const ledger = now.get(key);
+    const stamp = pre.get(key);
+    if (ledger !== undefined && ledger.stamp === stamp) continue;
+    if (stamp !== undefined) dropped.push(key);
+    if (ledger !== undefined) changed.push(ledger);
+  }
+  return { changed, dropped };
 }
 
 /**
@@ -75,7 +135,7 @@ export function snapshotOf(reply: unknown, handed: HandedLedgers): PolicyWorkerS
  * once, straight into the one buffer (no joined string, which a commit at 8k rollouts spent about
  * as long building and encoding again as the rest of the snapshot).
  */
-export function handLedgers(ledgers: readonly AppendedLedger[]): {
+export function handLedgers(ledgers: readonly HandableLedger[]): {
   index: HandedLedgerIndex;
   bytes: Buffer;
 } {
@@ -99,7 +159,7 @@ export function handLedgers(ledgers: readonly AppendedLedger[]): {
 }
 
 /** Every key's lines, each key's joined by commas, written into one buffer of `total` bytes. */
-function joinedBytes(ledgers: readonly AppendedLedger[], total: number): Buffer {
+function joinedBytes(ledgers: readonly HandableLedger[], total: number): Buffer {
   const bytes = Buffer.allocUnsafe(total);
   let at = 0;
   for (const { rows, lines } of ledgers) {
@@ -165,14 +225,15 @@ function handedSpans(index: HandedLedgerIndex, bytes: Uint8Array): HandedKey[] |
 export class HandedLedgers {
   readonly #keys = new Map<string, HandedKey>();
 
-  add(index: HandedLedgerIndex, bytes: Uint8Array): void {
+  /** Adds the keys of `index` but those in `except`. */
+  add(index: HandedLedgerIndex, bytes: Uint8Array, except?: ReadonlySet<string>): void {
     const spans = handedSpans(index, bytes);
     if (spans === undefined) {
       throw new CheckpointError("a policy worker's handed ledger rows do not match their bytes");
     }
     for (const [k, span] of spans.entries()) {
       const key = index.keys[k]!;
-      if (!this.#keys.has(key)) this.#keys.set(key, span);
+      if (!this.#keys.has(key) && !except?.has(key)) this.#keys.set(key, span);
     }
   }
 
@@ -196,7 +257,12 @@ export class HandedLedgers {
 }
 
 /** Whether any of `count` ids from `row` is in `set` (no slice per key: a commit asks 8k times). */
-function anyOf(ids: readonly string[], row: number, count: number, set: ReadonlySet<string>): boolean {
+function anyOf(
+  ids: readonly string[],
+  row: number,
+  count: number,
+  set: ReadonlySet<string>,
+): boolean {
   if (set.size === 0) return false;
   for (let i = row; i < row + count; i++) if (set.has(ids[i]!)) return true;
   return false;

@@ -4,7 +4,9 @@
  * owns its gate (admission, tickets, held responses) and its own cut round; it reports what it
  * holds while a checkpoint is open and answers the commit's snapshot.
  *
- * - Its commit snapshot hands the in-scope ledgers it appended, as bytes (`handLedgers`).
+ * - Once its coordinator is ready it hands every ledger it appended, as bytes (the pre-snapshot);
+ *   its commit snapshot then hands only the in-scope ledgers changed since (`snapshotDelta`), so
+ *   the ledgers' bytes cross to the coordinator before the commit, not during it.
  * - Its first admitted call tells the coordinator it served (a restore is then refused).
  * - The first call of a restored attempt marks it started, with the coordinator and in the shared
  *   ledger, before the call runs.
@@ -28,8 +30,10 @@ import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
 import {
   handLedgers,
+  type PolicyWorkerPresnapshot,
   type PolicyWorkerReport,
   type PolicyWorkerSnapshot,
+  snapshotDelta,
   WorkerRestoredAttempts,
 } from './worker-rules.js';
 
@@ -54,6 +58,8 @@ export class PolicyWorker implements WorkerSide {
   /** Capture keys the coordinator holds a restored cut for, as of the last join or reopen. */
   #restoredCutKeys = new Set<string>();
   #servedTold = false;
+  /** The pre-snapshot handed in admission generation `generation`: each ledger's stamp. */
+  #presnapshot: { generation: number; stamps: Map<string, string> } | null = null;
 
   constructor(options: PolicyWorkerOptions) {
     this.#options = options;
@@ -75,6 +81,7 @@ export class PolicyWorker implements WorkerSide {
   }
 
   async open(state: JsonObject): Promise<void> {
+    this.#presnapshot = null;
     this.adopt(state);
     this.#options.cuts?.reopened();
     this.#options.policy.open();
@@ -96,19 +103,50 @@ export class PolicyWorker implements WorkerSide {
     return report as unknown as JsonObject;
   }
 
+  async handle(kind: string, body: JsonValue = {}): Promise<WithBytes> {
+    const b = body as { keys?: unknown; generation?: unknown; presnapshot?: unknown };
+    switch (kind) {
+      case POLICY_MESSAGES.presnapshot:
+        // After what is already queued here: the prepare reply this worker may be relaying.
+        await new Promise((resolve) => setImmediate(resolve));
+        return this.#presnapshotOf(Number(b.generation));
+      case POLICY_MESSAGES.snapshot:
+        return this.#snapshotOf(Array.isArray(b.keys) ? b.keys.map(String) : [], b.presnapshot);
+      default:
+        throw new Error(`unknown policy message ${kind}`);
+    }
+  }
+
+  /**
+   * Every ledger this worker appended, as it knows it, handed as bytes beside the JSON; their
+   * stamps kept for the commit, which checks each in-scope file then (`snapshotDelta`).
+   */
+  #presnapshotOf(generation: number): WithBytes {
+    const appended = this.#options.ledger?.knownAppended() ?? [];
+    this.#presnapshot = { generation, stamps: new Map(appended.map((l) => [l.key, l.stamp])) };
+    const { index, bytes } = handLedgers(appended);
+    const presnapshot: PolicyWorkerPresnapshot = { ledgers: index };
+    return new WithBytes(presnapshot as unknown as JsonValue, bytes);
+  }
+
   /**
    * The commit's snapshot: undelivered calls, kept cuts, and the ledgers of the asked `keys` this
-   * worker appended, handed as bytes beside the JSON (the coordinator reads only the others).
+   * worker appended, handed as bytes beside the JSON (the coordinator reads only the others); only
+   * those changed since, when it completes this worker's pre-snapshot of `presnapshot`.
    */
-  async handle(kind: string, body: JsonValue = {}): Promise<WithBytes> {
-    if (kind !== POLICY_MESSAGES.snapshot) throw new Error(`unknown policy message ${kind}`);
-    const keys = (body as { keys?: unknown }).keys;
-    const appended = Array.isArray(keys) ? this.#options.ledger?.appendedNow(keys.map(String)) : [];
-    const { index, bytes } = handLedgers(appended ?? []);
+  #snapshotOf(keys: readonly string[], presnapshot: unknown): WithBytes {
+    const appended = this.#options.ledger?.appendedNow(keys) ?? [];
+    const pre = this.#presnapshot;
+    const completes = pre !== null && pre.generation === presnapshot;
+    const { changed, dropped } = completes
+      ? snapshotDelta(pre.stamps, appended, keys)
+      : { changed: appended, dropped: [] };
+    const { index, bytes } = handLedgers(changed);
     const snapshot: PolicyWorkerSnapshot = {
       undelivered: [...this.#options.policy.undeliveredCallIds()],
       cuts: this.#options.cuts?.keptCuts() ?? [],
       ledgers: index,
+      ...(completes ? { presnapshot: pre.generation, dropped } : {}),
     };
     return new WithBytes(snapshot as unknown as JsonValue, bytes);
   }

@@ -119,6 +119,24 @@ async function startCoordinated(workers = 2, start = workers, extra = ''): Promi
   };
 }
 
+/** The ledger keys each worker hands, by message (`presnapshot`, `snapshot`) and worker. */
+function handedKeys(c: Coordinated): Record<'presnapshot' | 'snapshot', Map<number, string[]>> {
+  const handed = {
+    presnapshot: new Map<number, string[]>(),
+    snapshot: new Map<number, string[]>(),
+  };
+  for (const [i, worker] of c.workers.entries()) {
+    const handle = worker.model.worker!.handle.bind(worker.model.worker);
+    worker.model.worker!.handle = async (kind: string, body?: JsonValue) => {
+      const reply = await handle(kind, body);
+      const { ledgers } = reply.body as unknown as PolicyWorkerSnapshot;
+      handed[kind as 'snapshot' | 'presnapshot'].set(i, [...ledgers!.keys]);
+      return reply;
+    };
+  }
+  return handed;
+}
+
 async function prepared(c: Coordinated, id: string): Promise<void> {
   const reply = await c.plane.prepare({ checkpoint_id: id, deadline_ts: deadlineTs() });
   expect(reply.phase).toBe('prepared');
@@ -134,10 +152,11 @@ describe('the commit of several workers', () => {
     const slow = new Promise<void>((resolve) => (release = resolve));
     const snapshot = second!.model.worker!.handle.bind(second!.model.worker);
     let asked = false;
-    second!.model.worker!.handle = async (kind: string) => {
+    second!.model.worker!.handle = async (kind: string, body?: JsonValue) => {
+      if (kind !== 'snapshot') return snapshot(kind, body);
       asked = true;
       await slow;
-      return snapshot(kind);
+      return snapshot(kind, body);
     };
     const dir = await tempDir();
     const commit = () =>
@@ -202,20 +221,16 @@ describe("the commit's handed ledgers", () => {
     const other = await new CaptureLedger(c.captureDir).init();
     await other.append('t-a1', { model_call_id: 'elsewhere', staging_key: 'st' });
     await other.append('u-a1', { model_call_id: 'u1', logprob: -Infinity, staging_key: 'su' });
+    const handed = handedKeys(c);
     await prepared(c, 'c1');
-    const handed = new Map<number, readonly string[]>();
-    for (const [i, worker] of c.workers.entries()) {
-      const handle = worker.model.worker!.handle.bind(worker.model.worker);
-      worker.model.worker!.handle = async (kind: string, body?: JsonValue) => {
-        const reply = await handle(kind, body);
-        const snapshot = reply.body as unknown as PolicyWorkerSnapshot;
-        handed.set(i, snapshot.ledgers!.keys);
-        return reply;
-      };
-    }
+    await until(async () => handed.presnapshot.size === 2, 'both pre-snapshots');
     const scope = [ep('r', 1), ep('s', 1), ep('t', 1), ep('u', 1), ep('none', 1)];
     const records = await c.coordinator.export(scope, new AbortController().signal);
-    expect(Object.fromEntries(handed)).toEqual({ 0: ['r-a1'], 1: ['s-a1'] });
+    // Every ledger each appended crossed, as it knew it, once the coordinator was ready; the
+    // commit's snapshots hand nothing again, and t-a1, changed by the other server, is read.
+    const pre = Object.fromEntries(handed.presnapshot);
+    expect(pre).toEqual({ 0: ['r-a1', 't-a1', 'out-a1'], 1: ['s-a1'] });
+    expect(Object.fromEntries(handed.snapshot)).toEqual({ 0: [], 1: [] });
     const keys = ['r-a1', 's-a1', 't-a1', 'u-a1'];
     const onDisk = await new CaptureLedger(c.captureDir).exportMany(keys);
     expect(records.map((r) => captureKey(r.episode_id))).toEqual(keys);
@@ -232,6 +247,26 @@ describe("the commit's handed ledgers", () => {
     expect(read.map((r) => r.rows)).toEqual(onDisk.map((l) => l.rows));
     expect(stagingKeysReply(records)).toEqual(stagingKeysReply(read));
     expect(stagingKeysReply(records).staging_keys).toContain('su');
+  });
+
+  it('a ledger changed after the pre-snapshot is exported as it is at commit: appended by the worker, handed again; changed by another server, read from disk', async () => {
+    const c = await startCoordinated();
+    const [first, second] = c.workers;
+    for (const key of ['r-a1', 's-a1']) expect((await chat(first!.url, key)).status).toBe(200);
+    expect((await chat(second!.url, 't-a1')).status).toBe(200);
+    const handed = handedKeys(c);
+    await prepared(c, 'c1');
+    await until(async () => handed.presnapshot.size === 2, 'both pre-snapshots');
+    await first!.model.ledger!.append('r-a1', { model_call_id: 'late', staging_key: 'sl' });
+    const other = await new CaptureLedger(c.captureDir).init();
+    await other.append('t-a1', { model_call_id: 'elsewhere', staging_key: 'se' });
+    const scope = [ep('r', 1), ep('s', 1), ep('t', 1)];
+    const records = await c.coordinator.export(scope, new AbortController().signal);
+    expect(Object.fromEntries(handed.snapshot)).toEqual({ 0: ['r-a1'], 1: [] });
+    const keys = ['r-a1', 's-a1', 't-a1'];
+    const onDisk = await new CaptureLedger(c.captureDir).exportMany(keys);
+    expect(records.map((r) => r.rows)).toEqual(onDisk.map((l) => l.rows));
+    expect(onDisk.map((l) => l.rows.length)).toEqual([2, 1, 2]);
   });
 
   it("a row one worker handed is left out when another worker's snapshot has its call undelivered", async () => {

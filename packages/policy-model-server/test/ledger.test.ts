@@ -232,9 +232,25 @@ describe('CaptureLedger files', () => {
         key: 'r-a0',
         rows: [row('c1', { logprob: -Infinity }), row('c2')],
         lines: [encodeJson(row('c1', { logprob: -Infinity })), '{"model_call_id":"c2"}'],
+        stamp: expect.any(String),
       },
     ]);
     expect(mine.appendedNow(['v-a0']).map((l) => l.key)).toEqual(['v-a0']);
+    // As known, files unchecked: t-a0 too (a commit's appendedNow leaves it out, by its stamp).
+    expect(mine.knownAppended().map((l) => l.key)).toEqual(['r-a0', 't-a0', 'v-a0']);
+    const known = mine.knownAppended().find((l) => l.key === 't-a0')!;
+    expect(mine.appendedNow(['t-a0'])).toEqual([]);
+    expect(known.rows).toHaveLength(1);
+  });
+
+  it("an appended ledger's stamp changes with every append, and only then", async () => {
+    const ledger = await ledgerAt();
+    await ledger.append('r-a0', row('c1'));
+    const stamp = () => ledger.appendedNow(['r-a0'])[0]!.stamp;
+    const first = stamp();
+    expect(stamp()).toBe(first);
+    await ledger.append('r-a0', row('c2'));
+    expect(stamp()).not.toBe(first);
   });
 
   it('exported rows are copies: changing them leaves the next export as the ledger is', async () => {

@@ -1,12 +1,15 @@
 /** The pure rules of a policy model server with several workers (`worker-rules.ts`). */
 import { describe, expect, it } from '@jest/globals';
 import {
+  CheckpointError,
   type EpisodeId,
   captureKey,
   encodeJson,
   type JsonObject,
   parseCaptureKey,
 } from '@ckpt-gym/core/protocol';
+
+import { WithBytes } from '@ckpt-gym/core/server';
 
 import { type CutRecord, GenerationCuts } from '../src/cuts.js';
 import type { Ticket } from '../src/gate.js';
@@ -20,6 +23,8 @@ import {
   RestoredAttempts,
   RestoredCuts,
   restoreRefusal,
+  snapshotDelta,
+  snapshotOf,
   WorkerRestoredAttempts,
 } from '../src/worker-rules.js';
 
@@ -208,6 +213,54 @@ describe("a worker's handed ledgers", () => {
     handed.add(first.index, first.bytes);
     handed.add(second.index, second.bytes);
     expect(text(handed.kept('s-a1', new Set())!.joined)).toBe(appended[1]!.lines[0]);
+  });
+});
+
+describe("a worker's pre-snapshot", () => {
+  const ledger = (key: string, stamp: string) => ({ key, stamp });
+
+  it('the commit hands a ledger appended or changed since, and drops one changed or no longer known', () => {
+    const pre = new Map([
+      ['same-a1', '1'],
+      ['grown-a1', '1'],
+      ['gone-a1', '1'],
+      ['out-a1', '1'],
+    ]);
+    const current = [ledger('same-a1', '1'), ledger('grown-a1', '2'), ledger('new-a1', '1')];
+    const keys = ['same-a1', 'grown-a1', 'gone-a1', 'new-a1', 'none-a1'];
+    const { changed, dropped } = snapshotDelta(pre, current, keys);
+    expect(changed.map((l) => l.key)).toEqual(['grown-a1', 'new-a1']);
+    expect(dropped).toEqual(['grown-a1', 'gone-a1']);
+  });
+
+  const rowsOf = (key: string, id: string) => ({
+    key,
+    rows: [{ model_call_id: id }],
+    lines: [`{"model_call_id":"${id}"}`],
+  });
+  const reply = (body: object, ledgers: ReturnType<typeof rowsOf>[]) => {
+    const { index, bytes } = handLedgers(ledgers);
+    return new WithBytes({ ...body, ledgers: index } as never, bytes);
+  };
+
+  it("a snapshot completing it counts the pre-snapshot's ledgers but those it dropped, its own first", () => {
+    const pre = reply({}, [rowsOf('r-a1', 'old'), rowsOf('s-a1', 's1'), rowsOf('t-a1', 't1')]);
+    const snapshot = reply(
+      { undelivered: [], cuts: [], presnapshot: 3, dropped: ['r-a1', 't-a1'] },
+      [rowsOf('r-a1', 'new')],
+    );
+    const handed = new HandedLedgers();
+    snapshotOf(snapshot, handed, pre);
+    const text = (key: string) =>
+      handed.kept(key, new Set())?.joined.map((b) => Buffer.from(b as Uint8Array).toString());
+    expect(text('r-a1')).toEqual(['{"model_call_id":"new"}']);
+    expect(text('s-a1')).toEqual(['{"model_call_id":"s1"}']);
+    expect(text('t-a1')).toBeUndefined();
+  });
+
+  it('a snapshot completing a pre-snapshot the coordinator never received fails the export', () => {
+    const snapshot = reply({ undelivered: [], cuts: [], presnapshot: 3, dropped: [] }, []);
+    expect(() => snapshotOf(snapshot, new HandedLedgers())).toThrow(CheckpointError);
   });
 });
 
