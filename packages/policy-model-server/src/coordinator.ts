@@ -74,7 +74,7 @@ export const POLICY_MESSAGES = {
   served: 'served',
   /** Coordinator → worker: what you hold (admission is closed). */
   snapshot: 'snapshot',
-  /** Coordinator → worker, once ready with admission closed: every ledger you appended. */
+  /** Coordinator → worker, once ready with admission closed: the ledgers you appended. */
   presnapshot: 'presnapshot',
 } as const;
 

@@ -9,7 +9,7 @@
  * - with its snapshot a worker hands the in-scope ledgers it appended as their lines' bytes and
  *   an index (each row's call id and staging key, and length), so the coordinator leaves out
  *   undelivered calls and writes the records without reading a ledger or handling a row's text;
- * - a worker hands every ledger it appended once its coordinator is ready (the pre-snapshot), so
+ * - a worker hands the ledgers it appended once its coordinator is ready (the pre-snapshot), so
  *   the commit's snapshot hands only the ledgers changed since and names those the pre-snapshot
  *   no longer speaks for (`snapshotDelta`);
  * - restored attempts stop being pending at their first admitted call on any worker, and only the
@@ -52,7 +52,7 @@ export interface PolicyWorkerSnapshot {
   readonly dropped?: readonly string[];
 }
 
-/** What a worker hands once its coordinator is ready: every ledger it appended (plain JSON). */
+/** What a worker hands once its coordinator is ready: the ledgers it appended (plain JSON). */
 export interface PolicyWorkerPresnapshot {
   readonly ledgers: HandedLedgerIndex;
 }
@@ -128,6 +128,25 @@ export function snapshotDelta<L extends Pick<AppendedLedger, 'key' | 'stamp'>>(
     if (ledger !== undefined) changed.push(ledger);
   }
   return { changed, dropped };
+}
+
+/**
+ * The newest of `ledgers` (given oldest first) whose rows' texts fit in `maxChars`: a pre-snapshot
+ * hands those, so ledgers the trainer never retired do not all cross at every checkpoint; a
+ * ledger left out is handed by the commit's snapshot if the commit's scope names it.
+ */
+export function newestWithin<L extends HandableLedger>(
+  ledgers: readonly L[],
+  maxChars: number,
+): L[] {
+  let chars = 0;
+  let first = ledgers.length;
+  while (first > 0) {
+    for (const line of ledgers[first - 1]!.lines) chars += line.length;
+    if (chars > maxChars) break;
+    first -= 1;
+  }
+  return ledgers.slice(first);
 }
 
 /**

@@ -4,7 +4,7 @@
  * owns its gate (admission, tickets, held responses) and its own cut round; it reports what it
  * holds while a checkpoint is open and answers the commit's snapshot.
  *
- * - Once its coordinator is ready it hands every ledger it appended, as bytes (the pre-snapshot);
+ * - Once its coordinator is ready it hands the ledgers it appended, as bytes (the pre-snapshot);
  *   its commit snapshot then hands only the in-scope ledgers changed since (`snapshotDelta`), so
  *   the ledgers' bytes cross to the coordinator before the commit, not during it.
  * - Its first admitted call tells the coordinator it served (a restore is then refused).
@@ -30,12 +30,19 @@ import type { PolicyGate, Ticket } from './gate.js';
 import type { CaptureLedger } from './ledger.js';
 import {
   handLedgers,
+  newestWithin,
   type PolicyWorkerPresnapshot,
   type PolicyWorkerReport,
   type PolicyWorkerSnapshot,
   snapshotDelta,
   WorkerRestoredAttempts,
 } from './worker-rules.js';
+
+/**
+ * The most a pre-snapshot hands, in characters of row text (128 Mi; ~4.4 M per worker at 8,000
+ * rollouts): known ledgers beyond it, the oldest, wait for the commit's scope.
+ */
+const PRESNAPSHOT_MAX_CHARS = 128 * 1024 * 1024;
 
 /** What the worker needs of its link: kind messages to the coordinator. */
 export interface CoordinatorCalls {
@@ -118,11 +125,13 @@ export class PolicyWorker implements WorkerSide {
   }
 
   /**
-   * Every ledger this worker appended, as it knows it, handed as bytes beside the JSON; their
-   * stamps kept for the commit, which checks each in-scope file then (`snapshotDelta`).
+   * The newest ledgers this worker appended (`PRESNAPSHOT_MAX_CHARS`), as it knows them, handed as
+   * bytes beside the JSON; their stamps kept for the commit, which checks each in-scope file then
+   * (`snapshotDelta`) and hands the in-scope ones left out.
    */
   #presnapshotOf(generation: number): WithBytes {
-    const appended = this.#options.ledger?.knownAppended() ?? [];
+    const known = this.#options.ledger?.knownAppended() ?? [];
+    const appended = newestWithin(known, PRESNAPSHOT_MAX_CHARS);
     this.#presnapshot = { generation, stamps: new Map(appended.map((l) => [l.key, l.stamp])) };
     const { index, bytes } = handLedgers(appended);
     const presnapshot: PolicyWorkerPresnapshot = { ledgers: index };

@@ -19,6 +19,7 @@ import {
   handLedgers,
   mergePolicyReports,
   mergeSnapshots,
+  newestWithin,
   type PolicyWorkerReport,
   RestoredAttempts,
   RestoredCuts,
@@ -231,6 +232,17 @@ describe("a worker's pre-snapshot", () => {
     const { changed, dropped } = snapshotDelta(pre, current, keys);
     expect(changed.map((l) => l.key)).toEqual(['grown-a1', 'new-a1']);
     expect(dropped).toEqual(['grown-a1', 'gone-a1']);
+  });
+
+  it('hands the newest known ledgers that fit in its budget', () => {
+    const ledgers = ['old', 'mid', 'new'].map((key) => ({
+      key,
+      rows: [{ model_call_id: key }],
+      lines: ['x'.repeat(10)],
+    }));
+    expect(newestWithin(ledgers, 30).map((l) => l.key)).toEqual(['old', 'mid', 'new']);
+    expect(newestWithin(ledgers, 29).map((l) => l.key)).toEqual(['mid', 'new']);
+    expect(newestWithin(ledgers, 9)).toEqual([]);
   });
 
   const rowsOf = (key: string, id: string) => ({
