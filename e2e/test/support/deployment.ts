@@ -77,6 +77,9 @@ export interface RunHandle {
 const PARTICIPANT_KINDS = new Set(['environment', 'model', 'agent', 'resources']);
 const live = new Set<Deployment>();
 const LOG_TAIL_LINES = 80;
+/** A failure's summary repeats each server's newest warnings, cut short. */
+const WARNING_LINES = 15;
+const WARNING_CHARS = 400;
 
 export class Deployment implements AsyncDisposable {
   readonly clients: HttpClients = createHttpClients();
@@ -350,6 +353,26 @@ export class Deployment implements AsyncDisposable {
 
   // --- teardown and logs ---------------------------------------------------------------------
 
+  /** Every server's warn and error lines (the newest WARNING_LINES, each cut to WARNING_CHARS). */
+  warnings(): string {
+    return [...this.handle.servers.values()]
+      .map((s) => {
+        const lines = existsSync(s.logPath)
+          ? readFileSync(s.logPath, 'utf8')
+              .split('\n')
+              .filter((line) => /"level":"(warn|error)"/.test(line))
+          : [];
+        return lines.length === 0
+          ? ''
+          : `----- ${s.name}\n${lines
+              .slice(-WARNING_LINES)
+              .map((line) => line.slice(0, WARNING_CHARS))
+              .join('\n')}`;
+      })
+      .filter((text) => text !== '')
+      .join('\n');
+  }
+
   logTails(): string {
     const cli = this.cliRuns.map((run, i) => `----- ckpt-gym run ${i + 1}\n${run.output()}`);
     return [logTails(this.runDir, [...this.handle.servers.values()]), ...cli].join('\n');
@@ -445,6 +468,11 @@ export function scenario(name: string, body: () => Promise<void>, timeoutMs?: nu
       } catch (err) {
         for (const d of live)
           process.stderr.write(`\n===== logs of ${d.shape} (${name})\n${d.logTails()}\n`);
+        // The failure summary ends a long run's output, where a truncated log still shows it.
+        const warnings = [...live].map((d) => d.warnings()).join('\n');
+        if (err instanceof Error && warnings !== '') {
+          err.message += `\n\nwarnings and errors the servers logged:\n${warnings}`;
+        }
         throw err;
       } finally {
         await closeAll();
