@@ -56,6 +56,8 @@ import {
   mergePolicyReports,
   mergeSnapshots,
   type PolicyWorkerReport,
+  type Presnapshot,
+  presnapshotOf,
   RestoredAttempts,
   RestoredCuts,
   restoreRefusal,
@@ -101,7 +103,7 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
   /** The workers' pre-snapshots of admission generation `generation`, by worker index. */
   #presnapshots: {
     generation: number;
-    replies: Promise<Map<number, JsonValue | WithBytes>>;
+    replies: Promise<Map<number, Presnapshot>>;
   } | null = null;
 
   constructor(options: PolicyCoordinatorOptions) {
@@ -186,21 +188,34 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
 
   /**
    * Every worker's pre-snapshot, handed while the prepare's reply and the controller's next calls
-   * are under way; none when a worker fails to hand one (the commit's snapshots then hand all).
+   * are under way, and indexed as it arrives; none from a worker that fails to hand a valid one
+   * (its commit's snapshot then hands all).
    */
-  async #askPresnapshots(generation: number): Promise<Map<number, JsonValue | WithBytes>> {
+  async #askPresnapshots(generation: number): Promise<Map<number, Presnapshot>> {
     // After the plane's prepare reply, which readiness just released, is on its way.
     await new Promise<void>((resolve) => setImmediate(resolve));
     const started = performance.now();
+    let replies: Map<number, JsonValue | WithBytes>;
     try {
-      const replies = await this.broadcast(POLICY_MESSAGES.presnapshot, { generation });
-      const ms = Math.round(performance.now() - started);
-      this.logger.debug("the policy workers' pre-snapshots arrived", { ms });
-      return replies;
+      replies = await this.broadcast(POLICY_MESSAGES.presnapshot, { generation });
     } catch (err) {
       this.logger.warn('a policy worker did not hand its pre-snapshot', { error: String(err) });
       return new Map();
     }
+    const indexed = new Map<number, Presnapshot>();
+    for (const [index, reply] of replies) {
+      try {
+        indexed.set(index, presnapshotOf(reply));
+      } catch (err) {
+        this.logger.warn("a policy worker's pre-snapshot is not valid; its commit hands all", {
+          worker: index,
+          error: String(err),
+        });
+      }
+    }
+    const ms = Math.round(performance.now() - started);
+    this.logger.debug("the policy workers' pre-snapshots arrived", { ms });
+    return indexed;
   }
 
   async export(scope: readonly EpisodeId[] | null, signal: AbortSignal): Promise<ModelRecord[]> {
@@ -211,7 +226,7 @@ export class PolicyCoordinator extends WorkerCoordinator<ModelRecord> {
     const pre =
       this.#presnapshots?.generation === generation
         ? await this.#presnapshots.replies
-        : new Map<number, JsonValue | WithBytes>();
+        : new Map<number, Presnapshot>();
     const messages = new Map(
       this.workers().map((w) => [
         w.index,

@@ -85,7 +85,7 @@ export interface HandedLedgerIndex {
 export function snapshotOf(
   reply: unknown,
   handed: HandedLedgers,
-  pre?: unknown,
+  pre?: Presnapshot,
 ): PolicyWorkerSnapshot {
   const { body: snapshot, bytes } = bodyAndBytes<PolicyWorkerSnapshot>(reply);
   if (snapshot.ledgers !== undefined) handed.add(snapshot.ledgers, bytes);
@@ -95,10 +95,23 @@ export function snapshotOf(
         "a policy worker's snapshot completes a pre-snapshot never received",
       );
     }
-    const { body, bytes: preBytes } = bodyAndBytes<PolicyWorkerPresnapshot>(pre);
-    handed.add(body.ledgers, preBytes, new Set(snapshot.dropped));
+    handed.addPresnapshot(pre, new Set(snapshot.dropped));
   }
   return snapshot;
+}
+
+/** A worker's pre-snapshot as its coordinator keeps it: each key's span of the handed bytes. */
+export interface Presnapshot {
+  readonly spans: ReadonlyMap<string, HandedKey>;
+}
+
+/**
+ * Indexes a pre-snapshot reply as it arrives, so the commit only looks its keys up; throws
+ * `CheckpointError` when its index does not match its bytes.
+ */
+export function presnapshotOf(reply: unknown): Presnapshot {
+  const { body, bytes } = bodyAndBytes<PolicyWorkerPresnapshot>(reply);
+  return { spans: keyedSpans(body.ledgers, bytes) };
 }
 
 function bodyAndBytes<T>(reply: unknown): { body: T; bytes: Uint8Array } {
@@ -202,7 +215,8 @@ export interface KeptRows {
   readonly staging: string[];
 }
 
-interface HandedKey {
+/** One handed key: where its rows are in a worker's index and bytes. */
+export interface HandedKey {
   readonly index: HandedLedgerIndex;
   readonly bytes: Uint8Array;
   /** Its first row in the index's row arrays, its rows, and its bytes' span. */
@@ -237,21 +251,34 @@ function handedSpans(index: HandedLedgerIndex, bytes: Uint8Array): HandedKey[] |
   return row === rowCount && start === bytes.length ? spans : undefined;
 }
 
+/** Each key's span of `bytes` by key; throws `CheckpointError` when the index does not match them. */
+function keyedSpans(index: HandedLedgerIndex, bytes: Uint8Array): Map<string, HandedKey> {
+  const spans = handedSpans(index, bytes);
+  if (spans === undefined) {
+    throw new CheckpointError("a policy worker's handed ledger rows do not match their bytes");
+  }
+  return new Map(spans.map((span, k) => [index.keys[k]!, span]));
+}
+
 /**
  * The ledgers every worker handed, by key (the first worker handing a key wins: each handed it
- * as its file is). An index that does not match its bytes fails the export.
+ * as its file is).
  */
 export class HandedLedgers {
   readonly #keys = new Map<string, HandedKey>();
 
-  /** Adds the keys of `index` but those in `except`. */
-  add(index: HandedLedgerIndex, bytes: Uint8Array, except?: ReadonlySet<string>): void {
-    const spans = handedSpans(index, bytes);
-    if (spans === undefined) {
-      throw new CheckpointError("a policy worker's handed ledger rows do not match their bytes");
-    }
-    for (const [k, span] of spans.entries()) {
-      const key = index.keys[k]!;
+  /** Adds the keys a worker handed (`CheckpointError` when the index does not match the bytes). */
+  add(index: HandedLedgerIndex, bytes: Uint8Array): void {
+    this.#adopt(keyedSpans(index, bytes));
+  }
+
+  /** Adds the keys of a pre-snapshot but those in `except`. */
+  addPresnapshot(pre: Presnapshot, except: ReadonlySet<string>): void {
+    this.#adopt(pre.spans, except);
+  }
+
+  #adopt(spans: ReadonlyMap<string, HandedKey>, except?: ReadonlySet<string>): void {
+    for (const [key, span] of spans) {
       if (!this.#keys.has(key) && !except?.has(key)) this.#keys.set(key, span);
     }
   }

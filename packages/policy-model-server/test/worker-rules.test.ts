@@ -25,6 +25,7 @@ import {
   RestoredCuts,
   restoreRefusal,
   snapshotDelta,
+  presnapshotOf,
   snapshotOf,
   WorkerRestoredAttempts,
 } from '../src/worker-rules.js';
@@ -199,6 +200,10 @@ describe("a worker's handed ledgers", () => {
     ];
     for (const { index: i, bytes: b } of broken) {
       expect(() => new HandedLedgers().add(i, b)).toThrow(/do not match their bytes/);
+      // A pre-snapshot is checked as it arrives, not at the commit.
+      expect(() => presnapshotOf(new WithBytes({ ledgers: i } as never, b))).toThrow(
+        /do not match their bytes/,
+      );
     }
   });
 
@@ -262,7 +267,7 @@ describe("a worker's pre-snapshot", () => {
       [rowsOf('r-a1', 'new')],
     );
     const handed = new HandedLedgers();
-    snapshotOf(snapshot, handed, pre);
+    snapshotOf(snapshot, handed, presnapshotOf(pre));
     const text = (key: string) =>
       handed.kept(key, new Set())?.joined.map((b) => Buffer.from(b as Uint8Array).toString());
     expect(text('r-a1')).toEqual(['{"model_call_id":"new"}']);
