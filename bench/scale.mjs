@@ -9,8 +9,8 @@
 // floor of the same checkpoint (lib/floor.mjs): the least any restore of it could take here.
 //
 //   npm run build && npm run bench -- scale --rollouts 8000 [--policy-workers 2]
-//   npm run build && npm run bench -- scale --rollouts 16000 --policy-workers 3 --agent-workers 3 \
-//     --env-workers 3
+//   npm run build && npm run bench -- scale --rollouts 16000 --policy-workers 4 --agent-workers 4 \
+//     --env-workers 4
 //
 // `--profile-restore DIR` writes each process's CPU profile over the restore (`<pid>.cpuprofile`)
 // into DIR; `--profile-commit DIR` the same over the commit (with both, both go into the commit's
