@@ -366,10 +366,19 @@ export class SessionRouter {
     });
   }
 
+  /**
+   * Marks `owner` gone and drops its pool. Only its idle sockets are closed: other forwards may
+   * still be connecting to it, and each must meet the same refusal and be served here (closing
+   * their sockets under them answered them 502).
+   */
   #ownerGone(owner: string, err: NodeJS.ErrnoException): void {
+    if (this.#gone.has(owner)) return;
     this.#gone.add(owner);
-    this.#agents.get(owner)?.destroy();
+    const agent = this.#agents.get(owner);
     this.#agents.delete(owner);
+    for (const idle of Object.values(agent?.freeSockets ?? {})) {
+      for (const socket of idle ?? []) socket.destroy();
+    }
     this.#options.logger.warn(
       'the worker that owned a session is gone; its sessions are served here as new',
       {

@@ -1,7 +1,13 @@
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { createServer, request, type Server } from 'node:http';
+import {
+  createServer,
+  type IncomingMessage,
+  request,
+  type Server,
+  type ServerResponse,
+} from 'node:http';
 import { type AddressInfo, connect, type Socket } from 'node:net';
 
 import express, { type Express } from 'express';
@@ -202,6 +208,40 @@ describe('SessionRouter', () => {
     const reply = await post(a, ownedName({ id: 's1', owner: b.id }), 'kept');
     expect(reply.json).toEqual({ served_by: a.id, body: 'kept' });
     expect(a.router.tables.gone.has(b.id)).toBe(true);
+  });
+
+  it('requests for a gone owner forwarded at once are all served here, none answered 502', async () => {
+    const gone = newRoutingId(); // no worker listens on its socket
+    const router = new SessionRouter({
+      routingId: newRoutingId(),
+      socketDir: dir,
+      sessionOf: (req) => parseOwnedName(req.headers[SESSION_HEADER] as string),
+      logger,
+    });
+    const forward = router.middleware();
+    // Holds requests until all arrived, then hands them to the router in one turn: every forward
+    // is still connecting when the first finds the owner gone.
+    const arrived: [IncomingMessage, ServerResponse][] = [];
+    const server = createServer((req, res) => {
+      arrived.push([req, res]);
+      if (arrived.length < 4) return;
+      for (const [q, r] of arrived) {
+        forward(q as never, r as never, () => r.end(JSON.stringify({ served_by: 'here' })));
+      }
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    try {
+      const w = { port: (server.address() as AddressInfo).port } as Worker;
+      const replies = await Promise.all(
+        [1, 2, 3, 4].map((i) => post(w, ownedName({ id: `s${i}`, owner: gone }), 'x')),
+      );
+      expect(replies.map((r) => [r.status, r.json])).toEqual(
+        replies.map(() => [200, { served_by: 'here' }]),
+      );
+    } finally {
+      server.close();
+      await router.close();
+    }
   });
 
   it('a forward the owner drops after it was sent is answered 502 and logged at warn with where its time went', async () => {
